@@ -1,0 +1,40 @@
+"""Shared by the benchmark scripts: machine description, timing, and appending to RESULTS.md."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+SHARED_DATA = Path(os.environ.get("TFORMER_SHARED_DATA", HERE.parent.parent / "shared" / "data"))
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+            f"Python {platform.python_version()}, {platform.system()}")
+
+
+def append_results(title: str, table: str, notes: str = "") -> None:
+    """Append a section with the command, machine and date to benchmarks/RESULTS.md."""
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"\n## {title}\n\n- command: `{command}`\n- machine: {machine()}\n- date: {when}\n\n{table}\n"
+            + (f"\n{notes}\n" if notes else ""))
+    with open(RESULTS, "a", encoding="utf-8") as f:
+        f.write(text)
+    print(f"appended to {RESULTS}")

@@ -1,0 +1,147 @@
+"""Training throughput: tformer against torch.nn.Transformer of the same size, on the same batches, in one run.
+
+    python benchmarks/train_throughput.py [--steps 20] [--rounds 3] [--dropout 0.1] [--append]
+
+Both models: d=256, 3+3 layers, 4 heads, FFN 1024, vocabulary 8000 (untied embeddings and generator), Adam,
+label-smoothed cross-entropy, post-norm. The reference is the textbook set-up: nn.Embedding scaled by
+sqrt(d) + sinusoidal positions, nn.Transformer with padding and causal masks, a Linear generator over every
+position, F.cross_entropy(label_smoothing=0.1, ignore_index=pad). The batches are token-budget batches of
+Multi30k (en->de) sentences, each word hashed to one of 8000 ids, so lengths and padding are real.
+The two models alternate in rounds (noisy shared machine): the table gives each round and the median.
+Throughput counts source + target tokens the model sees (</s> and <s> included), padding excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import statistics
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHARED_DATA, append_results  # noqa: E402
+
+from tformer.config import ModelConfig  # noqa: E402
+from tformer.data import Vocab, collate, model_lengths, token_budget_batches  # noqa: E402
+from tformer.model import build_model  # noqa: E402
+from tformer.positions import sinusoidal_table  # noqa: E402
+from tformer.train.loop import train_step_loss  # noqa: E402
+
+V, D, H, LAYERS, FF = 8000, 256, 4, 3, 1024
+
+
+def hashed_corpus(n: int) -> list[tuple[list[int], list[int]]]:
+    src_path, tgt_path = SHARED_DATA / "multi30k" / "train.en.gz", SHARED_DATA / "multi30k" / "train.de.gz"
+    if not src_path.exists():
+        sys.exit(f"{src_path} not found: set TFORMER_SHARED_DATA to the folder holding multi30k/")
+
+    def ids(line: str) -> list[int]:
+        return [4 + zlib.crc32(w.encode()) % (V - 4) for w in line.split()]
+
+    with gzip.open(src_path, "rt", encoding="utf-8") as fs, gzip.open(tgt_path, "rt", encoding="utf-8") as ft:
+        return [(ids(s), ids(t)) for s, t, _ in zip(fs, ft, range(n))]
+
+
+class Reference(nn.Module):
+    """The textbook model around torch.nn.Transformer."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.src_emb, self.tgt_emb = nn.Embedding(V, D), nn.Embedding(V, D)
+        self.register_buffer("pe", sinusoidal_table(512, D))
+        self.drop = nn.Dropout(dropout)
+        self.transformer = nn.Transformer(D, H, LAYERS, LAYERS, FF, dropout, batch_first=True)
+        self.generator = nn.Linear(D, V)
+
+    def loss(self, b) -> torch.Tensor:
+        S, T = b.src.shape[1], b.tgt_in.shape[1]
+        src = self.drop(self.src_emb(b.src) * math.sqrt(D) + self.pe[:S])
+        tgt = self.drop(self.tgt_emb(b.tgt_in) * math.sqrt(D) + self.pe[:T])
+        src_pad, tgt_pad = b.src == 0, b.tgt_in == 0
+        h = self.transformer(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(T),
+                             src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+                             memory_key_padding_mask=src_pad)
+        logits = self.generator(h)
+        return F.cross_entropy(logits.view(-1, V), b.tgt_out.view(-1), ignore_index=0, label_smoothing=0.1,
+                               reduction="sum")
+
+
+def run(loss_fn, params, batches) -> float:
+    opt = run.opts.setdefault(id(params), torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9))
+    tokens = 0
+    tic = time.perf_counter()
+    for b in batches:
+        opt.zero_grad(set_to_none=True)
+        (loss_fn(b) / b.n_tgt_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        tokens += b.n_src_tokens + b.n_tgt_tokens
+    return tokens / (time.perf_counter() - tic)
+
+
+run.opts = {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20, help="batches per model per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    data = hashed_corpus(29000)
+    src_lens, tgt_lens = model_lengths(data)
+    order = token_budget_batches(src_lens, tgt_lens, args.max_tokens, seed=1)
+    batches = [collate([data[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos)
+               for idx in order[: args.steps * args.rounds + 3]]
+    ours = build_model(ModelConfig(d_model=D, n_heads=H, d_ff=FF, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                   dropout=args.dropout, attention_dropout=args.dropout, ffn_dropout=args.dropout,
+                                   tie_generator=False), V, V).train()
+    ref = Reference(args.dropout).train()
+    n_ours, n_ref = (sum(p.numel() for p in m.parameters()) for m in (ours, ref))
+    contenders = {
+        "torch.nn.Transformer": (ref.loss, list(ref.parameters())),
+        "tformer": (lambda b: train_step_loss(ours, b, 0.1)[0], list(ours.parameters())),
+    }
+    for fn, params in contenders.values():  # warm-up
+        run(fn, params, batches[:3])
+    rows = {name: [] for name in contenders}
+    for r in range(args.rounds):
+        chunk = batches[3 + r * args.steps : 3 + (r + 1) * args.steps]
+        for name, (fn, params) in contenders.items():
+            rows[name].append(run(fn, params, chunk))
+            print(f"round {r + 1}: {name:22s} {rows[name][-1]:8.0f} tokens/s", flush=True)
+    ratios = [o / t for o, t in zip(rows["tformer"], rows["torch.nn.Transformer"])]
+    real = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
+    padded = sum(b.src.numel() + b.tgt_in.numel() for b in batches)
+    head = "| model | params | " + " | ".join(f"round {i + 1}" for i in range(args.rounds)) + " | median tok/s |"
+    lines = [head, "|" + "---|" * (args.rounds + 3)]
+    for name, n in (("torch.nn.Transformer", n_ref), ("tformer", n_ours)):
+        lines.append(f"| {name} | {n:,} | " + " | ".join(f"{x:.0f}" for x in rows[name])
+                     + f" | {statistics.median(rows[name]):.0f} |")
+    lines.append("| **ratio tformer / reference** | | " + " | ".join(f"{x:.2f}x" for x in ratios)
+                 + f" | **{statistics.median(ratios):.2f}x** |")
+    table = "\n".join(lines)
+    notes = (f"d={D}, {LAYERS}+{LAYERS} layers, {H} heads, FFN {FF}, vocab {V}, dropout {args.dropout}, "
+             f"max_tokens {args.max_tokens}, {args.steps} batches per model per round; "
+             f"padding is {100 * (1 - real / padded):.1f}% of the padded source+target positions.")
+    print("\n" + table + "\n\n" + notes)
+    if args.append:
+        append_results(f"Training throughput vs torch.nn.Transformer (dropout {args.dropout})", table, notes)
+
+
+if __name__ == "__main__":
+    main()

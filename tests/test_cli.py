@@ -1,0 +1,90 @@
+"""The command line end to end on a tiny run: data, train, evaluate, translate, errors."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.encoder_layers=1",
+        "model.decoder_layers=1", "data.symbols=6", "data.length_mean=5", "data.max_len=8",
+        "data.train_size=200", "data.valid_size=20", "data.test_size=20", "train.epochs=2",
+        "train.eval_every=0", "train.target_exact_match=0"]
+
+
+def tformer(*args, stdin=None, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "tformer", *map(str, args)], input=stdin, capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli") / "run"
+    r = tformer("train", "--config", "configs/copy.yaml", "--run-dir", d, *TINY)
+    assert r.returncode == 0, r.stderr
+    assert "best validation" in r.stdout
+    return d
+
+
+def test_train_writes_a_run_folder(run_dir):
+    for name in ("config.yaml", "metrics.jsonl", "vocab.src.txt", "checkpoints/latest", "checkpoints/best"):
+        assert (run_dir / name).exists(), name
+    ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "optimizer.safetensors", "trainer.json",
+                                                "config.yaml", "vocab.src.txt", "vocab.tgt.txt"}
+
+
+def test_translate_keeps_line_count_and_empty_lines(run_dir):
+    r = tformer("translate", "--checkpoint", run_dir, stdin="a b c\n\nd e zz\nf\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert len(lines) == 5 and lines[-1] == "" and lines[1] == ""
+    assert all(tok in "abcdef" or tok == "<unk>" for line in lines for tok in line.split())
+
+
+def test_translate_and_evaluate_accept_inference_overrides_only(run_dir):
+    ok = tformer("translate", "--checkpoint", run_dir, "model.attention=dense", "decode.max_len_b=1",
+                 stdin="a b c d e\n")
+    assert ok.returncode == 0 and len(ok.stdout.split()) <= 6, ok.stderr
+    bad = tformer("evaluate", "--checkpoint", run_dir, "model.d_model=64")
+    assert bad.returncode == 2 and "cannot change after training" in bad.stderr
+
+
+def test_evaluate_prints_metrics(run_dir):
+    r = tformer("evaluate", "--checkpoint", run_dir, "--split", "test", "--examples", "2")
+    assert r.returncode == 0, r.stderr
+    assert "exact match (free-running, greedy)" in r.stdout and "token accuracy" in r.stdout
+    assert r.stdout.count("->") == 2
+
+
+def test_resume_continues_from_latest(run_dir):
+    r = tformer("train", "--run-dir", run_dir, "--resume", "train.epochs=3")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stderr
+
+
+def test_unknown_key_and_print_config(tmp_path):
+    r = tformer("train", "--config", "configs/copy.yaml", "model.d_modle=3", "--run-dir", tmp_path / "x")
+    assert r.returncode == 2 and "'model.d_modle' is unknown; did you mean 'model.d_model'" in r.stderr
+    assert not (tmp_path / "x").exists()  # failed before any work
+    r = tformer("train", "--config", "configs/sort.yaml", "--print-config", "train.lr=0.5")
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["data"]["task"] == "sort" and cfg["train"]["lr"] == 0.5
+
+
+def test_data_command_writes_parallel_files(tmp_path):
+    r = tformer("data", "sort", "--out", tmp_path, "data.train_size=30")
+    assert r.returncode == 0, r.stderr
+    src = (tmp_path / "train.src").read_text().splitlines()
+    tgt = (tmp_path / "train.tgt").read_text().splitlines()
+    assert len(src) == len(tgt) == 30
+    assert all(sorted(s.split()) == t.split() for s, t in zip(src, tgt))
+    assert len((tmp_path / "test.src").read_text().splitlines()) == 1000
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    r = tformer("translate", "--checkpoint", tmp_path / "nope", stdin="a\n")
+    assert r.returncode == 2 and "does not exist" in r.stderr

@@ -1,0 +1,56 @@
+"""Label smoothing against F.cross_entropy and the explicit smoothed distribution; LR schedules."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tformer.config import TrainConfig
+from tformer.train.loss import label_smoothed_nll_loss, smoothed_targets
+from tformer.train.schedule import inverse_sqrt, learning_rate, noam
+
+PAD = 0
+
+
+def test_eps_zero_equals_cross_entropy_ignoring_pad():
+    logits = torch.randn(12, 9)
+    target = torch.tensor([3, 0, 5, 8, 0, 1, 2, 4, 4, 0, 7, 6])
+    out = label_smoothed_nll_loss(logits, target, 0.0, PAD)
+    want = F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum")
+    torch.testing.assert_close(out.loss, want)
+    torch.testing.assert_close(out.nll, want)
+    assert int(out.n_tokens) == 9
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_smoothed_loss_equals_explicit_distribution(eps):
+    logits = torch.randn(10, 7)
+    target = torch.tensor([3, 0, 5, 6, 1, 2, 4, 4, 0, 5])
+    q = smoothed_targets(target, 7, eps, PAD)
+    real = target != PAD
+    torch.testing.assert_close(q[real].sum(-1), torch.ones(int(real.sum())))  # a distribution per position
+    assert torch.all(q[:, PAD] == 0) and torch.all(q[~real] == 0)
+    assert torch.all(q[real].gather(1, target[real][:, None]) == 1 - eps)
+    want = -(q * torch.log_softmax(logits, -1)).sum()
+    torch.testing.assert_close(label_smoothed_nll_loss(logits, target, eps, PAD).loss, want)
+
+
+def test_loss_on_a_batch_without_padding():
+    logits, target = torch.randn(5, 6), torch.tensor([1, 2, 3, 4, 5])
+    out = label_smoothed_nll_loss(logits, target, 0.1, PAD)
+    assert int(out.n_tokens) == 5 and torch.isfinite(out.loss)
+    torch.testing.assert_close(out.nll, F.cross_entropy(logits, target, reduction="sum"))
+
+
+def test_noam_peaks_at_warmup():
+    lrs = [noam(s, 512, 1.0, 4000) for s in range(1, 20001)]
+    assert max(range(len(lrs)), key=lrs.__getitem__) + 1 == 4000
+    assert lrs[3999] == pytest.approx(512**-0.5 * 4000**-0.5)
+    assert lrs[0] == pytest.approx(512**-0.5 * 4000**-1.5)  # linear warm-up from step 1
+    assert lrs[15999] == pytest.approx(512**-0.5 * 16000**-0.5)  # inverse-sqrt decay
+
+
+def test_inverse_sqrt_and_dispatch():
+    assert inverse_sqrt(50, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt(400, 1e-3, 100) == pytest.approx(5e-4)
+    cfg = TrainConfig(schedule="constant", lr=0.3)
+    assert learning_rate(1, cfg, 512) == learning_rate(9999, cfg, 512) == 0.3

@@ -1,0 +1,114 @@
+"""Training: the loss falls, accumulation is exact, resume continues exactly, checkpoints are safe."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from tformer.config import TrainConfig
+from tformer.data import Vocab, collate
+from tformer.model import build_model
+from tformer.train.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from tformer.train.loop import train, train_step_loss
+
+from conftest import tiny_config
+
+
+def _with(cfg, **train):
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
+
+
+def test_short_copy_run_lowers_the_loss(tmp_path):
+    cfg = _with(tiny_config(), epochs=4, lr=2.0)
+    result = train(cfg, tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_loss = [r["loss"] for r in records if r["kind"] == "train"]
+    valid = [r for r in records if r["kind"] == "valid"]
+    assert train_loss[-1] < 0.7 * train_loss[0]
+    assert valid[-1]["loss"] < valid[0]["loss"]
+    assert {"lr", "tok_per_s", "token_acc"} <= set(records[0])
+    assert result.step == records[-1]["step"]
+    assert resolve_checkpoint(tmp_path / "run").name.startswith("step_")
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    cfg = tiny_config()
+    model = build_model(cfg.model, 12, 12)
+    ex = [([4, 5, 6], [4, 5, 6]), ([7, 8], [7, 8]), ([9, 10, 11, 4], [9, 10, 11, 4]), ([5], [5])]
+
+    def grads(groups):
+        model.zero_grad()
+        batches = [collate([ex[i] for i in g], g, Vocab.pad, Vocab.bos, Vocab.eos) for g in groups]
+        n = sum(b.n_tgt_tokens for b in batches)
+        for b in batches:
+            (train_step_loss(model, b, 0.1)[0] / n).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    for a, b in zip(grads([[0, 1], [2, 3]]), grads([[0, 1, 2, 3]])):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Train 2 epochs straight, and 1 epoch + resume + 1 epoch: identical weights and losses (with dropout)."""
+    cfg = _with(tiny_config(dropout=0.1, attention_dropout=0.1), epochs=2, log_every=1)
+    full = train(cfg, tmp_path / "full")
+    train(_with(cfg, max_steps=7), tmp_path / "split")  # stops mid-epoch
+    resumed = train(cfg, tmp_path / "split", resume=True)
+    assert resumed.step == full.step
+    a = load_checkpoint(tmp_path / "full", which="latest")
+    b = load_checkpoint(tmp_path / "split", which="latest")
+    ma, mb = build_model(cfg.model, len(a.src_vocab), len(a.tgt_vocab)), build_model(cfg.model, 12, 12)
+    a.load_model_state(ma)
+    b.load_model_state(mb)
+    for (name, pa), pb in zip(ma.state_dict().items(), mb.state_dict().values()):
+        torch.testing.assert_close(pa, pb, atol=0, rtol=0, msg=name)
+
+    def losses(run):
+        return [(r["step"], r["loss"]) for r in map(json.loads, (tmp_path / run / "metrics.jsonl").open())
+                if r["kind"] == "train" and r["step"] > 7]
+
+    assert losses("split") and all(
+        x == pytest.approx(y, abs=1e-6) for x, y in zip(losses("split"), losses("full")))
+
+
+def test_refuses_to_overwrite_and_survives_a_partial_write(tmp_path):
+    cfg = _with(tiny_config(), epochs=1)
+    train(cfg, tmp_path / "r")
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        train(cfg, tmp_path / "r")
+    root = tmp_path / "r" / "checkpoints"
+    good = resolve_checkpoint(tmp_path / "r", "latest")
+    # a crash mid-write leaves a temporary folder and an incomplete step folder: both are ignored
+    (root / ".tmp-step_0999999-1").mkdir()
+    (root / "step_0999999").mkdir()
+    (root / "step_0999999" / "model.safetensors").write_bytes(b"garbage")
+    assert resolve_checkpoint(tmp_path / "r", "latest") == good
+    (root / "latest").unlink()
+    assert resolve_checkpoint(tmp_path / "r", "latest") == good
+
+
+def test_corrupt_and_foreign_checkpoints_are_rejected(tmp_path):
+    cfg = _with(tiny_config(), epochs=1)
+    train(cfg, tmp_path / "r")
+    ckpt = load_checkpoint(tmp_path / "r")
+    wrong = build_model(dataclasses.replace(cfg.model, d_model=64, d_ff=64), 12, 12)
+    with pytest.raises(CheckpointError, match="has shape"):
+        ckpt.load_model_state(wrong)
+    (ckpt.path / "model.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.raises(CheckpointError, match="cannot be read as safetensors"):
+        ckpt.load_model_state(build_model(cfg.model, 12, 12))
+    info = json.loads((ckpt.path / "trainer.json").read_text())
+    (ckpt.path / "trainer.json").write_text(json.dumps({**info, "version": 99}))
+    with pytest.raises(CheckpointError, match="newer than this tformer reads"):
+        load_checkpoint(ckpt.path)
+    (ckpt.path / "trainer.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(CheckpointError, match="not a tformer checkpoint"):
+        load_checkpoint(ckpt.path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_train_config_validates():
+    with pytest.raises(ValueError, match="train.max_tokens"):
+        TrainConfig(max_tokens=0)

@@ -1,0 +1,3 @@
+"""tformer: Transformer sequence-to-sequence models in PyTorch."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,77 @@
+"""Attention kernels behind one contract.
+
+    kernel(q, k, v, mask=None, bias=None, dropout_p=0.0, scale=None, need_weights=False)
+        -> (out, weights | None)
+
+    q (B, H, T, Dh), k and v (B, H, S, Dh)      queries, keys, values, heads split
+    mask  bool, broadcastable to (B, H, T, S)    the structure: True = may attend (see tformer.masks)
+    bias  float, broadcastable to (B, H, T, S)   added to the scores before the softmax (positions)
+    out   (B, H, T, Dh); weights (B, H, T, S) after the softmax, before dropout, when asked for
+
+`dense_attention` is the reference: every other kernel is tested against it. This module holds the only
+lookup table in the package, KERNELS.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Kernel = Callable[..., "tuple[Tensor, Optional[Tensor]]"]
+
+
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T * scale + bias, masked) v, written out: the reference for every kernel."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    out = torch.matmul(dropped, v)  # (B, H, T, Dh)
+    return out, (weights if need_weights else None)
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
+    if need_weights:
+        return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights=True)
+    attn_mask = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    return out, None  # (B, H, T, Dh)
+
+
+KERNELS: dict[str, Kernel] = {"dense": dense_attention, "sdpa": sdpa_attention}
+
+
+def get_kernel(name: str) -> Kernel:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention kernel '{name}'; choose one of {', '.join(KERNELS)}") from None

@@ -1,0 +1,295 @@
+"""Configuration: frozen dataclasses, YAML files and dotted overrides.
+
+Config is data, construction is code. Every section validates itself in ``__post_init__``; loading a
+YAML file or an override ``a.b=c`` checks every key and type against these classes, so a typo fails
+before any work with a message that names the key (and the file, when there is one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key, value or combination that cannot work; the message names the key."""
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}': {message}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    dropout: float = 0.1  # embeddings (+positions) and every residual branch
+    attention_dropout: float = 0.1  # attention weights
+    ffn_dropout: float = 0.1  # inside the FFN, after the activation
+    activation: Literal["relu", "gelu"] = "relu"
+    norm: Literal["post", "pre"] = "post"  # post: the paper; pre: Annotated Transformer / DGL (+ final norm)
+    layer_norm_eps: float = 1e-5
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = 1024  # table size for learned positions (sinusoidal has no limit)
+    attention: Literal["sdpa", "dense"] = "sdpa"  # kernel; may change after training
+    share_embeddings: bool = False  # one table for source and target (needs a joint vocabulary)
+    tie_generator: bool = True  # output projection shares the target embedding
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions"):
+            _check(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
+        _check(
+            self.d_model % self.n_heads == 0,
+            "model.d_model",
+            f"{self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+            "choose d_model as a multiple of n_heads",
+        )
+        for name in ("dropout", "attention_dropout", "ffn_dropout"):
+            p = getattr(self, name)
+            _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    task: Literal["copy", "sort", "text"] = "copy"
+    # synthetic tasks (copy, sort): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
+    symbols: int = 26  # 'a', 'b', ... then 's26', 's27', ... beyond 26
+    length_mean: float = 15.0
+    length_std: float = 3.0
+    min_len: int = 1
+    max_len: int = 30
+    train_size: int = 9000
+    valid_size: int = 1000
+    test_size: int = 1000
+    seed: int = 1
+    # task 'text': a folder with {train,valid,test}.{src,tgt}, one whitespace-tokenised sequence per line
+    dir: str = ""
+
+    def __post_init__(self) -> None:
+        _check(self.symbols >= 1, "data.symbols", f"must be >= 1, got {self.symbols}")
+        _check(1 <= self.min_len <= self.max_len, "data.min_len",
+               f"need 1 <= min_len <= max_len, got {self.min_len} and {self.max_len}")
+        _check(self.length_std >= 0, "data.length_std", f"must be >= 0, got {self.length_std}")
+        for name in ("train_size", "valid_size", "test_size"):
+            _check(getattr(self, name) >= 1, f"data.{name}", f"must be >= 1, got {getattr(self, name)}")
+        _check(self.task != "text" or bool(self.dir), "data.dir", "task 'text' needs data.dir")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 1
+    max_tokens: int = 4096  # token budget per batch: sentences x longest side (padded), BOS/EOS included
+    max_sentences: int = 0  # 0 = no limit
+    epochs: int = 20
+    max_steps: int = 0  # optimizer updates; 0 = no limit
+    accum_steps: int = 1  # batches per optimizer update
+    schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
+    lr: float = 1.0  # noam: the factor; inverse_sqrt/constant: the peak learning rate
+    warmup: int = 4000
+    betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0  # 0 = no clipping
+    label_smoothing: float = 0.1
+    eval_every: int = 0  # optimizer updates between evaluations; 0 = once per epoch
+    log_every: int = 20
+    keep_last: int = 3  # checkpoints kept besides the best
+    target_exact_match: float = 0.0  # stop once validation exact match reaches this (0 = never)
+    threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "epochs", "accum_steps", "log_every", "keep_last"):
+            _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name in ("max_sentences", "max_steps", "warmup", "eval_every", "threads"):
+            _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _check(self.schedule != "noam" or self.warmup >= 1, "train.warmup", "noam needs warmup >= 1")
+        _check(all(0 <= b < 1 for b in self.betas), "train.betas", f"must be in [0, 1), got {self.betas}")
+        _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing",
+               f"must be in [0, 1), got {self.label_smoothing}")
+        _check(self.clip_norm >= 0, "train.clip_norm", f"must be >= 0, got {self.clip_norm}")
+        _check(0.0 <= self.target_exact_match <= 1.0, "train.target_exact_match",
+               f"is a fraction in [0, 1], got {self.target_exact_match}")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    strategy: Literal["greedy"] = "greedy"
+    max_len_a: float = 1.2  # output length limit: a * source_length + b
+    max_len_b: int = 10
+    batch_size: int = 64  # sentences per decoding batch
+
+    def __post_init__(self) -> None:
+        _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")
+        _check(self.max_len_b >= 0, "decode.max_len_b", f"must be >= 0, got {self.max_len_b}")
+        _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b",
+               "max_len_a and max_len_b are both 0: nothing could be generated")
+        _check(self.batch_size >= 1, "decode.batch_size", f"must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# Settings that may change after training: `translate` and `evaluate` accept overrides for these alone.
+INFERENCE_KEYS = ("decode.", "model.attention")
+
+
+# --------------------------------------------------------------------------- loading and checking
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it converted (int -> float, list -> tuple)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        _check(value in choices, key, f"must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        return _coerce(value, next(a for a in args if a is not type(None)), key)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        _check(isinstance(value, (list, tuple)) and len(value) == len(args), key,
+               f"must be a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
+               f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} for {key}")  # an invariant of this module
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config key '{prefix.rstrip('.') or '<top>'}': must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            raise ConfigError(f"config key '{prefix}{key}' is unknown{hint}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, tp, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain nested dict (tuples become lists) that YAML writes and `from_dict` reads back."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def from_dict(data: Mapping[str, Any] | None) -> Config:
+    return _build(Config, data or {}, "")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`model.d_model=512` -> (['model', 'd_model'], 512); the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form section.key=value (e.g. model.d_model=512)")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) < 2 or not all(path):
+        raise ConfigError(f"override '{text}': the key must be section.key, e.g. train.lr=2.0")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{text}': the value is not valid YAML ({e})") from None
+    return path, value
+
+
+def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in (data or {}).items()}
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{text}': '{part}' is not a section")
+        node[path[-1]] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data or {}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- YAML file <- overrides; errors name the key and the file."""
+    file_data = read_yaml(path) if path else {}
+    try:
+        return from_dict(merge_overrides(file_data, list(overrides)))
+    except ConfigError as e:
+        try:  # say where the bad key came from: the file, or the command line
+            from_dict(file_data)
+        except ConfigError as file_error:
+            if str(file_error) == str(e):
+                raise ConfigError(f"{e} (in {path})") from None
+        raise ConfigError(f"{e} (from the command-line overrides)" if overrides else str(e)) from None
+
+
+def check_inference_overrides(overrides: list[str]) -> None:
+    """Only decoding and kernel settings may change on a trained model."""
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in INFERENCE_KEYS):
+            raise ConfigError(
+                f"config key '{key}' cannot change after training; only decode.* and model.attention can"
+            )
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")

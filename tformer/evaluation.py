@@ -1,0 +1,51 @@
+"""Evaluation on a split: teacher-forced loss and token accuracy, free-running exact match."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tformer.config import Config
+from tformer.data import Example, Vocab, collate, model_lengths, token_budget_batches
+from tformer.inference import translate_ids
+from tformer.metrics import exact_match, token_accuracy
+from tformer.model import Transformer
+from tformer.train.loss import label_smoothed_nll_loss
+
+
+@torch.inference_mode()
+def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> dict[str, float]:
+    """Loss (label-smoothed, per token), nll, perplexity and token accuracy over `examples`."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    src_lens, tgt_lens = model_lengths(examples)
+    batches = token_budget_batches(src_lens, tgt_lens, max(cfg.train.max_tokens, max(src_lens + tgt_lens)),
+                                   shuffle=False)
+    loss = nll = correct = total = 0.0
+    for idx in batches:
+        b = collate([examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos).to(device)
+        hidden = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).hidden  # (B, T, D)
+        real = b.tgt_out != Vocab.pad  # (B, T)
+        logits = model.generator(hidden[real])  # (N, V)
+        target = b.tgt_out[real]  # (N,)
+        out = label_smoothed_nll_loss(logits, target, cfg.train.label_smoothing, Vocab.pad)
+        loss, nll, total = loss + float(out.loss), nll + float(out.nll), total + float(out.n_tokens)
+        correct += token_accuracy(logits, target, Vocab.pad)[0]
+    model.train(was_training)
+    return {"loss": loss / total, "nll": nll / total, "ppl": math.exp(min(nll / total, 50.0)),
+            "token_acc": correct / total}
+
+
+def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_running: bool = True
+             ) -> tuple[dict[str, float], list[list[int]]]:
+    """Teacher-forced metrics plus, if asked, free-running whole-sequence exact match (greedy).
+    Returns the metrics and the hypotheses (ids, [] when not free-running)."""
+    metrics = teacher_forced(model, examples, cfg)
+    hyps: list[list[int]] = []
+    if free_running:
+        hyps = translate_ids(model, [s for s, _ in examples], cfg.decode).tokens
+        metrics["exact_match"] = exact_match(hyps, [t for _, t in examples])
+    metrics["n"] = len(examples)
+    return metrics, hyps

@@ -1,0 +1,36 @@
+"""Glue between a model and the searches in tformer.decode: batches of id lists in, id lists out."""
+
+from __future__ import annotations
+
+import torch
+
+from tformer.config import DecodeConfig
+from tformer.data.batching import pad_sequences
+from tformer.data.vocab import Vocab
+from tformer.decode import Hypotheses, greedy_search, max_lengths
+from tformer.model import Transformer
+
+
+@torch.inference_mode()
+def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfig) -> Hypotheses:
+    """Decode every source (ids, no specials), `cfg.batch_size` at a time, longest first; results in input
+    order. Each sentence's output is independent of the batch it lands in."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+    tokens: list[list[int]] = [[] for _ in sources]
+    scores = [0.0] * len(sources)
+    try:
+        for start in range(0, len(order), cfg.batch_size):
+            rows = order[start : start + cfg.batch_size]
+            src = pad_sequences([sources[i] + [Vocab.eos] for i in rows], Vocab.pad).to(device)  # (B, S)
+            src_lengths = torch.tensor([len(sources[i]) + 1 for i in rows], device=device)  # (B,)
+            cache = model.init_cache(model.encode(src, src_lengths))
+            limit = max_lengths(src_lengths - 1, cfg.max_len_a, cfg.max_len_b)  # (B,)
+            hyp = greedy_search(model.decode_step, cache, Vocab.bos, Vocab.eos, limit)
+            for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
+                tokens[i], scores[i] = toks, score
+    finally:
+        model.train(was_training)
+    return Hypotheses(tokens, scores)

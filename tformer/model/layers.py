@@ -1,0 +1,109 @@
+"""Encoder and decoder layers with residual connections and LayerNorm, post-norm or pre-norm.
+
+    post (the paper):                 x = norm(x + dropout(sublayer(x)))
+    pre  (Annotated Transformer/DGL): x = x + dropout(sublayer(norm(x)))   (+ a final norm on the stack)
+
+Notation: B batch, S source length, T target length, D model dim, F FFN dim, H heads, Dh head dim.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tformer.attention import MultiHeadAttention
+from tformer.config import ModelConfig
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: linear (D -> F), activation, dropout, linear (F -> D)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, D)
+
+
+class Residual(nn.Module):
+    """A sublayer's residual connection and its LayerNorm, placed before (pre) or after (post)."""
+
+    def __init__(self, d_model: int, norm: str, eps: float, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.pre = norm == "pre"
+        self.dropout = nn.Dropout(dropout)
+
+    def inp(self, x: Tensor) -> Tensor:
+        """What the sublayer reads."""
+        return self.norm(x) if self.pre else x
+
+    def out(self, x: Tensor, y: Tensor) -> Tensor:
+        """Residual sum of the input x and the sublayer's output y."""
+        x = x + self.dropout(y)
+        return x if self.pre else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, eps = cfg.d_model, cfg.layer_norm_eps
+        self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.ffn_dropout)
+        self.res_attn = Residual(d, cfg.norm, eps, cfg.dropout)
+        self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout)
+
+    def forward(
+        self, x: Tensor, mask: Tensor, bias: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D) and self-attention weights (B, H, S, S)."""
+        a = self.self_attn(self.res_attn.inp(x), mask=mask, bias=bias, need_weights=need_weights)
+        x = self.res_attn.out(x, a.out)
+        x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
+        return x, a.weights
+
+
+class DecoderLayerOutput(NamedTuple):
+    x: Tensor  # (B, T, D)
+    self_kv: tuple[Tensor, Tensor]  # (B, H, T_total, Dh) each: what the cache keeps
+    self_weights: Tensor | None  # (B, H, T, T_total)
+    cross_weights: Tensor | None  # (B, H, T, S)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d, eps = cfg.d_model, cfg.layer_norm_eps
+        self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention)
+        self.cross_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.ffn_dropout)
+        self.res_self = Residual(d, cfg.norm, eps, cfg.dropout)
+        self.res_cross = Residual(d, cfg.norm, eps, cfg.dropout)
+        self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        self_mask: Tensor | None,
+        cross_kv: tuple[Tensor, Tensor],
+        cross_mask: Tensor,
+        past: tuple[Tensor, Tensor] | None = None,
+        self_bias: Tensor | None = None,
+        cross_bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> DecoderLayerOutput:
+        """x (B, T, D); self_mask (B, 1, T, T_total) or None (one new position sees all the past);
+        cross_kv: the memory's keys/values from `cross_attn.project_kv`; cross_mask (B, 1, 1, S)."""
+        a = self.self_attn(self.res_self.inp(x), mask=self_mask, bias=self_bias, past=past,
+                           need_weights=need_weights)
+        x = self.res_self.out(x, a.out)
+        c = self.cross_attn(self.res_cross.inp(x), static_kv=cross_kv, mask=cross_mask, bias=cross_bias,
+                            need_weights=need_weights)
+        x = self.res_cross.out(x, c.out)
+        x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
+        return DecoderLayerOutput(x, a.kv, a.weights, c.weights)

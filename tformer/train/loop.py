@@ -1,0 +1,236 @@
+"""The training loop: token-budget batches, Adam + schedule, accumulation, clipping, evaluation,
+checkpoints and resume.
+
+The batch order is a pure function of (seed, epoch), and a checkpoint records the epoch, the position in
+it, the optimizer and the RNG: `resume` continues exactly where the run stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from tformer.config import Config, save_config
+from tformer.data import Vocab, collate, load_task, model_lengths, token_budget_batches
+from tformer.evaluation import evaluate
+from tformer.metrics import token_accuracy
+from tformer.model import Transformer, build_model
+from tformer.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
+from tformer.train.loss import label_smoothed_nll_loss
+from tformer.train.schedule import learning_rate
+
+log = logging.getLogger("tformer")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    checkpoint: Path
+    step: int
+    best: dict[str, Any] | None  # validation metrics of the best checkpoint
+    elapsed: float  # wall seconds, evaluations included, over all sessions of this run
+    reached_target: bool
+    interrupted: bool = False  # stopped by Ctrl-C (after saving a checkpoint)
+
+
+class _StopOnSigint:
+    """First Ctrl-C: finish the current update, save, stop. Second: abort at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.warning("Ctrl-C: stopping after this update and saving a checkpoint (Ctrl-C again aborts)")
+
+    def __enter__(self) -> "_StopOnSigint":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
+    t = cfg.train
+    return torch.optim.Adam(model.parameters(), lr=learning_rate(1, t, cfg.model.d_model), betas=t.betas,
+                            eps=t.adam_eps, weight_decay=t.weight_decay)
+
+
+def train_step_loss(model: Transformer, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed smoothed loss, summed nll and correct predictions for one batch (generator on real
+    positions only: padding costs no vocabulary projection)."""
+    hidden = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths).hidden  # (B, T, D)
+    real = batch.tgt_out != Vocab.pad  # (B, T)
+    target = batch.tgt_out[real]  # (N,)
+    logits = model.generator(hidden[real])  # (N, V)
+    out = label_smoothed_nll_loss(logits, target, eps, Vocab.pad)
+    correct, _ = token_accuracy(logits.detach(), target, Vocab.pad)
+    return out.loss, out.nll, correct
+
+
+def _better(metrics: dict[str, float], best: dict[str, Any] | None) -> bool:
+    """Higher exact match wins; ties go to the lower validation loss."""
+    if best is None:
+        return True
+    return (metrics.get("exact_match", 0.0), -metrics["loss"]) > (best.get("exact_match", 0.0), -best["loss"])
+
+
+def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = False) -> TrainResult:
+    run_dir = Path(run_dir)
+    t = cfg.train
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    ckpt = None
+    if resume:
+        ckpt = load_checkpoint(run_dir, which="latest")
+    elif (run_dir / "checkpoints").is_dir() and list_checkpoints(run_dir / "checkpoints"):
+        raise CheckpointError(f"{run_dir} already holds checkpoints; add --resume to continue it, "
+                              "or choose another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    torch.manual_seed(t.seed)
+    data = load_task(cfg.data, ("train", "valid"), joint=cfg.model.share_embeddings,
+                     vocabs=(ckpt.src_vocab, ckpt.tgt_vocab) if ckpt else None)
+    vocabs = (data.src_vocab, data.tgt_vocab)
+    model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab))
+    optimizer = build_optimizer(model, cfg)
+    state: dict[str, Any] = {"epoch": 0, "update_in_epoch": 0, "elapsed": 0.0, "best": None,
+                             "best_step": None, "reached_target": False}
+    step = 0
+    if ckpt:
+        ckpt.load_model_state(model)
+        ckpt.load_training_state(optimizer)
+        state.update({k: ckpt.trainer[k] for k in state if k in ckpt.trainer})
+        step = ckpt.trainer["step"]
+        log.info("resumed from %s (step %d, epoch %d)", ckpt.path, step, state["epoch"])
+    save_config(cfg, run_dir / "config.yaml")
+    data.src_vocab.save(run_dir / "vocab.src.txt")
+    data.tgt_vocab.save(run_dir / "vocab.tgt.txt")
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %s parameters; train %d, valid %d examples; run folder %s", f"{n_params:,}",
+             len(data.examples["train"]), len(data.examples["valid"]), run_dir)
+
+    train_ex, valid_ex = data.examples["train"], data.examples["valid"]
+    src_lens, tgt_lens = model_lengths(train_ex)
+    metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+    session_start = time.perf_counter()
+    elapsed0 = state["elapsed"]
+    last_eval_step = step if ckpt else -1
+
+    def elapsed() -> float:
+        return elapsed0 + time.perf_counter() - session_start
+
+    def write(record: dict[str, Any]) -> None:
+        metrics_log.write(json.dumps(record) + "\n")
+        metrics_log.flush()
+
+    def checkpoint(metrics: dict[str, Any] | None) -> Path:
+        best = False
+        if metrics is not None and _better(metrics, state["best"]):
+            state["best"], state["best_step"], best = metrics, step, True
+        state["elapsed"] = elapsed()
+        return save_checkpoint(run_dir, step, model, optimizer, dict(state), cfg, vocabs, best=best,
+                               keep_last=t.keep_last)
+
+    def run_eval() -> dict[str, Any]:
+        nonlocal last_eval_step
+        metrics, _ = evaluate(model, valid_ex, cfg)
+        last_eval_step = step
+        if t.target_exact_match and metrics["exact_match"] >= t.target_exact_match:
+            state["reached_target"] = True
+        write({"kind": "valid", "step": step, "epoch": state["epoch"], "elapsed": round(elapsed(), 2),
+               **{k: round(v, 6) for k, v in metrics.items()}})
+        log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  exact match %.4f", step, metrics["loss"],
+                 metrics["ppl"], metrics["token_acc"], metrics["exact_match"])
+        checkpoint(metrics)
+        model.train()
+        return metrics
+
+    per_epoch = -(-len(token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed, 0))
+                  // t.accum_steps)
+    total = t.epochs * per_epoch if not t.max_steps else min(t.max_steps, t.epochs * per_epoch)
+    bar = tqdm(total=total, initial=min(step, total), disable=not progress, unit="step", dynamic_ncols=True)
+    window = {"loss": 0.0, "nll": 0.0, "correct": 0, "tgt": 0, "src": 0, "time": 0.0, "steps": 0}
+    model.train()
+    stop = state["reached_target"] or bool(t.max_steps and step >= t.max_steps)
+    sigint = _StopOnSigint()
+    try:
+        sigint.__enter__()
+        while state["epoch"] < t.epochs and not stop:
+            batches = token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed,
+                                           state["epoch"])
+            updates = [batches[i : i + t.accum_steps] for i in range(0, len(batches), t.accum_steps)]
+            while state["update_in_epoch"] < len(updates) and not stop:
+                tic = time.perf_counter()
+                micro = [collate([train_ex[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos)
+                         for idx in updates[state["update_in_epoch"]]]
+                n_tgt = sum(b.n_tgt_tokens for b in micro)  # the loss is normalised over the whole update
+                lr = learning_rate(step + 1, t, cfg.model.d_model)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad(set_to_none=True)
+                for b in micro:
+                    loss, nll, correct = train_step_loss(model, b, t.label_smoothing)
+                    (loss / n_tgt).backward()
+                    window["loss"] += float(loss.detach())
+                    window["nll"] += float(nll.detach())
+                    window["correct"] += correct
+                    window["src"] += b.n_src_tokens
+                if t.clip_norm:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+                optimizer.step()
+                step += 1
+                state["update_in_epoch"] += 1
+                window["tgt"] += n_tgt
+                window["steps"] += 1
+                window["time"] += time.perf_counter() - tic
+                bar.update(1)
+                if step % t.log_every == 0 or step == 1:
+                    rec = {"kind": "train", "step": step, "epoch": state["epoch"], "lr": lr,
+                           "loss": window["loss"] / window["tgt"], "nll": window["nll"] / window["tgt"],
+                           "token_acc": window["correct"] / window["tgt"],
+                           "tok_per_s": (window["src"] + window["tgt"]) / window["time"],
+                           "elapsed": round(elapsed(), 2)}
+                    write(rec)
+                    bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_acc']:.3f}", lr=f"{lr:.2e}",
+                                    tok_s=f"{rec['tok_per_s']:.0f}", refresh=False)
+                    if not progress:
+                        log.info("step %d  epoch %d  loss %.4f  token acc %.4f  lr %.2e  %.0f tok/s", step,
+                                 state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"])
+                    window = dict.fromkeys(window, 0)
+                if t.eval_every and step % t.eval_every == 0:
+                    run_eval()
+                stop = state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
+            if state["update_in_epoch"] >= len(updates):
+                state["epoch"] += 1
+                state["update_in_epoch"] = 0
+                if not t.eval_every:
+                    run_eval()
+                    stop = stop or state["reached_target"]
+        if sigint.requested:
+            path = checkpoint(None)
+            log.warning("interrupted at step %d: saved %s; continue with --resume", step, path)
+            return TrainResult(run_dir, path, step, state["best"], state["elapsed"], False, interrupted=True)
+        if last_eval_step != step:
+            run_eval()
+    finally:
+        sigint.__exit__()
+        bar.close()
+        metrics_log.close()
+    latest = checkpoint(None)
+    return TrainResult(run_dir, latest, step, state["best"], state["elapsed"], state["reached_target"])
