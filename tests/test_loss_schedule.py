@@ -54,3 +54,28 @@ def test_inverse_sqrt_and_dispatch():
     assert inverse_sqrt(400, 1e-3, 100) == pytest.approx(5e-4)
     cfg = TrainConfig(schedule="constant", lr=0.3)
     assert learning_rate(1, cfg, 512) == learning_rate(9999, cfg, 512) == 0.3
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_hand_written_gradient_equals_autograd_of_the_explicit_formula(eps):
+    logits = torch.randn(9, 6, dtype=torch.double, requires_grad=True)
+    target = torch.tensor([3, 0, 5, 1, 2, 4, 4, 0, 5])
+    w_loss, w_nll = 0.7, 0.3  # exercise both outputs' gradients
+    out = label_smoothed_nll_loss(logits, target, eps, PAD)
+    (w_loss * out.loss + w_nll * out.nll).backward()
+    got = logits.grad.clone()
+    logits.grad = None
+    lp = torch.log_softmax(logits, -1)
+    real = (target != PAD).double()
+    q = smoothed_targets(target, 6, eps, PAD).double()
+    want_loss = -(q * lp).sum()
+    want_nll = -(lp.gather(1, target[:, None])[:, 0] * real).sum()
+    (w_loss * want_loss + w_nll * want_nll).backward()
+    torch.testing.assert_close(got, logits.grad)
+    assert torch.all(got[target == PAD] == 0)
+
+
+def test_loss_passes_gradcheck():
+    logits = torch.randn(5, 7, dtype=torch.double, requires_grad=True)
+    target = torch.tensor([1, 2, 0, 6, 4])
+    assert torch.autograd.gradcheck(lambda x: label_smoothed_nll_loss(x, target, 0.2, PAD).loss, (logits,))

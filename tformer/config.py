@@ -128,7 +128,7 @@ class DecodeConfig:
     strategy: Literal["greedy"] = "greedy"
     max_len_a: float = 1.2  # output length limit: a * source_length + b
     max_len_b: int = 10
-    batch_size: int = 64  # sentences per decoding batch
+    batch_size: int = 250  # sentences per decoding batch
 
     def __post_init__(self) -> None:
         _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")

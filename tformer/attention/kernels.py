@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tformer.dropout import dropout
+
 Kernel = Callable[..., "tuple[Tensor, Optional[Tensor]]"]
 
 
@@ -42,7 +44,7 @@ def dense_attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    dropped = dropout(weights, dropout_p)
     out = torch.matmul(dropped, v)  # (B, H, T, Dh)
     return out, (weights if need_weights else None)
 
@@ -58,8 +60,10 @@ def sdpa_attention(
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
-    if need_weights:
-        return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights=True)
+    if need_weights or (dropout_p > 0 and q.device.type == "cpu"):
+        # weights exist only in the dense kernel; on a CPU, SDPA's dropout runs the same unfused
+        # computation as the dense kernel but with torch's slower dropout mask
+        return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights)
     attn_mask = mask
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from tformer.attention import MultiHeadAttention
 from tformer.config import ModelConfig
+from tformer.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -24,7 +25,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, D)
@@ -37,7 +38,7 @@ class Residual(nn.Module):
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
         self.pre = norm == "pre"
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def inp(self, x: Tensor) -> Tensor:
         """What the sublayer reads."""

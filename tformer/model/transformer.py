@@ -18,6 +18,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
+from tformer.dropout import Dropout
 from tformer.masks import decoder_mask, encoder_mask, padding_mask
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.positions import build_positions
@@ -50,7 +51,7 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tokens, self.positions = tokens, positions
         self.scale = math.sqrt(tokens.embedding_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         x = self.tokens(ids) * self.scale  # (B, L, D)

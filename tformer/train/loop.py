@@ -116,6 +116,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         ckpt.load_model_state(model)
         ckpt.load_training_state(optimizer)
         state.update({k: ckpt.trainer[k] for k in state if k in ckpt.trainer})
+        state["reached_target"] = False  # judged afresh against this session's target at its next evaluation
         step = ckpt.trainer["step"]
         log.info("resumed from %s (step %d, epoch %d)", ckpt.path, step, state["epoch"])
     save_config(cfg, run_dir / "config.yaml")

@@ -28,6 +28,42 @@ def smoothed_targets(target: Tensor, vocab_size: int, eps: float, pad: int) -> T
     return q
 
 
+class _SmoothedNLL(torch.autograd.Function):
+    """Per-position smoothed loss and nll with a hand-written backward.
+
+    d loss / d logits = softmax - q and d nll / d logits = softmax - onehot, so the gradient is built in two
+    passes over (N, V) instead of the several (N, V) buffers that autograd of the formula allocates."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, eps: float, pad: int) -> tuple[Tensor, Tensor]:
+        V = logits.shape[-1]
+        wide = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()  # fp16/bf16 -> fp32
+        lprobs = torch.log_softmax(wide, dim=-1)  # (N, V)
+        nll = -lprobs.gather(1, target[:, None])[:, 0]  # (N,)
+        if eps > 0:
+            all_but_pad = -(lprobs.sum(dim=-1) - lprobs[:, pad])  # (N,): -sum of log p over classes != pad
+            loss = (1.0 - eps) * nll + eps / (V - 2) * (all_but_pad - nll)
+        else:
+            loss = nll.clone()
+        ctx.save_for_backward(lprobs, target)
+        ctx.eps, ctx.pad, ctx.dtype = eps, pad, logits.dtype
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor | None, grad_nll: Tensor | None):
+        lprobs, target = ctx.saved_tensors
+        eps, pad = ctx.eps, ctx.pad
+        g_loss = torch.zeros_like(lprobs[:, 0]) if grad_loss is None else grad_loss.to(lprobs.dtype)  # (N,)
+        g_nll = torch.zeros_like(lprobs[:, 0]) if grad_nll is None else grad_nll.to(lprobs.dtype)
+        other = eps / (lprobs.shape[-1] - 2)  # q on a class that is neither the target nor <pad>
+        # (g_loss + g_nll) * softmax - g_loss * other everywhere ...
+        grad = torch.addcmul((-g_loss * other)[:, None], lprobs.exp(), (g_loss + g_nll)[:, None])  # (N, V)
+        grad[:, pad] += g_loss * other  # ... <pad> has q = 0 ...
+        true = g_loss * (1.0 - eps - other) + g_nll  # ... and the target has q = 1 - eps, onehot = 1
+        grad.scatter_add_(1, target[:, None], -true[:, None])
+        return grad.to(ctx.dtype), None, None, None
+
+
 def label_smoothed_nll_loss(logits: Tensor, target: Tensor, eps: float, pad: int) -> LossOutput:
     """logits (N, V), target (N,) -> sums over the non-pad positions.
 
@@ -36,13 +72,7 @@ def label_smoothed_nll_loss(logits: Tensor, target: Tensor, eps: float, pad: int
     V = logits.shape[-1]
     if V <= 2:
         raise ValueError(f"label smoothing needs a vocabulary of more than 2 entries, got {V}")
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+    loss, nll = _SmoothedNLL.apply(logits, target, eps, pad)  # (N,) each
     real = target != pad  # (N,)
-    nll = -lprobs.gather(1, target[:, None])[:, 0]  # (N,)
-    if eps > 0:
-        all_but_pad = -(lprobs.sum(dim=-1) - lprobs[:, pad])  # (N,): -sum of log p over classes != pad
-        loss = (1.0 - eps) * nll + eps / (V - 2) * (all_but_pad - nll)
-    else:
-        loss = nll
     zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
     return LossOutput(torch.where(real, loss, zero).sum(), torch.where(real, nll, zero).sum(), real.sum())
