@@ -21,8 +21,7 @@ from common import HERE, append_results  # noqa: E402
 from tformer.config import load_config  # noqa: E402
 from tformer.data import load_task  # noqa: E402
 from tformer.evaluation import evaluate  # noqa: E402
-from tformer.model import build_model  # noqa: E402
-from tformer.train.checkpoint import load_checkpoint  # noqa: E402
+from tformer.inference import load_model  # noqa: E402
 from tformer.train.loop import train  # noqa: E402
 
 
@@ -43,9 +42,7 @@ def main() -> None:
         valid = [r for r in valid if r["kind"] == "valid"]
         best = max(valid, key=lambda r: (r["exact_match"], -r["loss"]))
         first_best = next(r for r in valid if r["exact_match"] == best["exact_match"])
-        ckpt = load_checkpoint(run_dir, which="best")
-        model = build_model(ckpt.cfg.model, len(ckpt.src_vocab), len(ckpt.tgt_vocab))
-        ckpt.load_model_state(model)
+        ckpt, model = load_model(run_dir, which="best")
         data = load_task(ckpt.cfg.data, ("test",), vocabs=(ckpt.src_vocab, ckpt.tgt_vocab))
         test, _ = evaluate(model, data.examples["test"], ckpt.cfg)
         rows.append(f"| {task} | {result.step} | {result.elapsed:.0f} s | {best['exact_match']:.4f} | step "

@@ -88,3 +88,26 @@ def test_data_command_writes_parallel_files(tmp_path):
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     r = tformer("translate", "--checkpoint", tmp_path / "nope", stdin="a\n")
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
+    import signal
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "tformer", "train", "--config", "configs/copy.yaml", "--run-dir", str(run),
+            *TINY, "train.epochs=50", "train.log_every=1", "--no-progress"]
+    proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    for line in proc.stderr:  # wait until training is under way
+        if " step 3 " in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "saved" in err and "--resume" in err
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    step = int(latest.split("_")[1])
+    assert 3 <= step < 50 * 4  # stopped early, after a whole update
+    r = tformer("train", "--run-dir", run, "--resume", "train.max_steps=" + str(step + 2))
+    assert r.returncode == 0, r.stderr
+    assert f"resumed from {run / 'checkpoints' / latest} (step {step}," in r.stderr

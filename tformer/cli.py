@@ -76,15 +76,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _load_for_inference(args: argparse.Namespace):
-    from tformer.model import build_model
-    from tformer.train.checkpoint import load_checkpoint
+    from tformer.inference import load_model
 
     check_inference_overrides(args.overrides)
-    ckpt = load_checkpoint(args.checkpoint, which="best", overrides=args.overrides)
-    model = build_model(ckpt.cfg.model, len(ckpt.src_vocab), len(ckpt.tgt_vocab))
-    ckpt.load_model_state(model)
-    model.eval()
-    return ckpt, model
+    return load_model(args.checkpoint, which="best", overrides=args.overrides)
+
+
+def _show_examples(pairs, hyps, vocab, n: int) -> None:
+    for (src, ref), hyp in list(zip(pairs, hyps))[:n]:
+        out = " ".join(vocab.decode(hyp))
+        mark = "ok " if out == " ".join(ref) else "ERR"
+        print(f"  [{mark}] {' '.join(src)}\n        -> {out}")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -112,10 +114,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         d = cfg.decode
         print(f"  decoding: {d.strategy}, max length {d.max_len_a}*src+{d.max_len_b}, batch {d.batch_size}, "
               f"kernel {cfg.model.attention}; {seconds:.1f}s")
-    for (src, ref), hyp in list(zip(data.pairs[args.split], hyps))[: args.examples]:
-        out = " ".join(ckpt.tgt_vocab.decode(hyp))
-        mark = "ok " if out == " ".join(ref) else "ERR"
-        print(f"  [{mark}] {' '.join(src)}\n        -> {out}")
+    _show_examples(data.pairs[args.split], hyps, ckpt.tgt_vocab, args.examples)
     return 0
 
 
@@ -177,8 +176,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from tformer.data import load_task
     from tformer.evaluation import evaluate
-    from tformer.model import build_model
-    from tformer.train.checkpoint import load_checkpoint
+    from tformer.inference import load_model
     from tformer.train.loop import train
 
     cfg_path = _find_config("copy")
@@ -186,16 +184,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir("demo-copy")
     print(f"training the copy task ({cfg_path}) into {run_dir} ...", flush=True)
     result = train(cfg, run_dir, progress=args.progress)
-    ckpt = load_checkpoint(run_dir, which="best")
-    model = build_model(ckpt.cfg.model, len(ckpt.src_vocab), len(ckpt.tgt_vocab))
-    ckpt.load_model_state(model)
+    ckpt, model = load_model(run_dir, which="best")
     data = load_task(ckpt.cfg.data, ("test",), vocabs=(ckpt.src_vocab, ckpt.tgt_vocab))
     metrics, hyps = evaluate(model, data.examples["test"], ckpt.cfg)
     print(f"\ntrained {result.step} steps in {result.elapsed:.0f}s; best checkpoint {ckpt.path}")
     print(f"test ({metrics['n']} sequences): exact match {metrics['exact_match']:.4f} (free-running greedy), "
           f"token accuracy {metrics['token_acc']:.4f} (teacher-forced)")
-    for (src, _), hyp in list(zip(data.pairs["test"], hyps))[:5]:
-        print(f"  {' '.join(src)}\n  -> {' '.join(ckpt.tgt_vocab.decode(hyp))}")
+    _show_examples(data.pairs["test"], hyps, ckpt.tgt_vocab, 5)
     print(f"\nnext: tformer translate --checkpoint {run_dir}   (type a line of letters, e.g. 'h e l l o')")
     return 130 if result.interrupted else 0
 
@@ -267,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    for item in extra:  # overrides may stand anywhere, also after options (argparse leaves those over)
+        if item.startswith("-") or "=" not in item or not hasattr(args, "overrides"):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides.append(item)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
     try:

@@ -8,7 +8,8 @@ from tformer.config import DecodeConfig
 from tformer.data.batching import pad_sequences
 from tformer.data.vocab import Vocab
 from tformer.decode import Hypotheses, greedy_search, max_lengths
-from tformer.model import Transformer
+from tformer.model import Transformer, build_model
+from tformer.train.checkpoint import Checkpoint, load_checkpoint
 
 
 @torch.inference_mode()
@@ -34,3 +35,11 @@ def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfi
     finally:
         model.train(was_training)
     return Hypotheses(tokens, scores)
+
+
+def load_model(path: str, which: str = "best", overrides: list[str] = ()) -> tuple[Checkpoint, Transformer]:
+    """A run folder's `which` checkpoint (or a checkpoint folder) as a model in eval mode."""
+    ckpt = load_checkpoint(path, which=which, overrides=overrides)
+    model = build_model(ckpt.cfg.model, len(ckpt.src_vocab), len(ckpt.tgt_vocab))
+    ckpt.load_model_state(model)
+    return ckpt, model.eval()

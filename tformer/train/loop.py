@@ -83,11 +83,59 @@ def train_step_loss(model: Transformer, batch, eps: float) -> tuple[torch.Tensor
     return out.loss, out.nll, correct
 
 
+class _Window:
+    """Sums over the updates since the last log line."""
+
+    def __init__(self) -> None:
+        self.loss = self.nll = self.seconds = 0.0
+        self.correct = self.src = self.tgt = 0
+
+    def flush(self) -> dict[str, float]:
+        out = {"loss": self.loss / self.tgt, "nll": self.nll / self.tgt, "token_acc": self.correct / self.tgt,
+               "tok_per_s": (self.src + self.tgt) / self.seconds}
+        self.__init__()
+        return out
+
+
+def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list, lr: float, t,
+            window: _Window) -> None:
+    """One optimizer update over the batches `micro` (gradient accumulation), the loss normalised by
+    the target tokens of all of them: exactly one big batch's gradient."""
+    tic = time.perf_counter()
+    n_tgt = sum(b.n_tgt_tokens for b in micro)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    for b in micro:
+        loss, nll, correct = train_step_loss(model, b, t.label_smoothing)
+        (loss / n_tgt).backward()
+        window.loss += float(loss.detach())
+        window.nll += float(nll.detach())
+        window.correct += correct
+        window.src += b.n_src_tokens
+    if t.clip_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+    optimizer.step()
+    window.tgt += n_tgt
+    window.seconds += time.perf_counter() - tic
+
+
 def _better(metrics: dict[str, float], best: dict[str, Any] | None) -> bool:
     """Higher exact match wins; ties go to the lower validation loss."""
     if best is None:
         return True
     return (metrics.get("exact_match", 0.0), -metrics["loss"]) > (best.get("exact_match", 0.0), -best["loss"])
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop records written after the checkpoint a resume starts from: those steps will run again."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
 
 
 def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = False) -> TrainResult:
@@ -128,6 +176,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
 
     train_ex, valid_ex = data.examples["train"], data.examples["valid"]
     src_lens, tgt_lens = model_lengths(train_ex)
+    if ckpt:
+        _truncate_metrics(run_dir / "metrics.jsonl", step)
     metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
     session_start = time.perf_counter()
     elapsed0 = state["elapsed"]
@@ -166,46 +216,24 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                   // t.accum_steps)
     total = t.epochs * per_epoch if not t.max_steps else min(t.max_steps, t.epochs * per_epoch)
     bar = tqdm(total=total, initial=min(step, total), disable=not progress, unit="step", dynamic_ncols=True)
-    window = {"loss": 0.0, "nll": 0.0, "correct": 0, "tgt": 0, "src": 0, "time": 0.0, "steps": 0}
+    window = _Window()
     model.train()
-    stop = state["reached_target"] or bool(t.max_steps and step >= t.max_steps)
-    sigint = _StopOnSigint()
-    try:
-        sigint.__enter__()
+    stop = bool(t.max_steps and step >= t.max_steps)
+    with _StopOnSigint() as sigint, bar, metrics_log:
         while state["epoch"] < t.epochs and not stop:
             batches = token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed,
                                            state["epoch"])
             updates = [batches[i : i + t.accum_steps] for i in range(0, len(batches), t.accum_steps)]
             while state["update_in_epoch"] < len(updates) and not stop:
-                tic = time.perf_counter()
                 micro = [collate([train_ex[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos)
                          for idx in updates[state["update_in_epoch"]]]
-                n_tgt = sum(b.n_tgt_tokens for b in micro)  # the loss is normalised over the whole update
                 lr = learning_rate(step + 1, t, cfg.model.d_model)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.zero_grad(set_to_none=True)
-                for b in micro:
-                    loss, nll, correct = train_step_loss(model, b, t.label_smoothing)
-                    (loss / n_tgt).backward()
-                    window["loss"] += float(loss.detach())
-                    window["nll"] += float(nll.detach())
-                    window["correct"] += correct
-                    window["src"] += b.n_src_tokens
-                if t.clip_norm:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-                optimizer.step()
+                _update(model, optimizer, micro, lr, t, window)
                 step += 1
                 state["update_in_epoch"] += 1
-                window["tgt"] += n_tgt
-                window["steps"] += 1
-                window["time"] += time.perf_counter() - tic
                 bar.update(1)
                 if step % t.log_every == 0 or step == 1:
-                    rec = {"kind": "train", "step": step, "epoch": state["epoch"], "lr": lr,
-                           "loss": window["loss"] / window["tgt"], "nll": window["nll"] / window["tgt"],
-                           "token_acc": window["correct"] / window["tgt"],
-                           "tok_per_s": (window["src"] + window["tgt"]) / window["time"],
+                    rec = {"kind": "train", "step": step, "epoch": state["epoch"], "lr": lr, **window.flush(),
                            "elapsed": round(elapsed(), 2)}
                     write(rec)
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_acc']:.3f}", lr=f"{lr:.2e}",
@@ -213,7 +241,6 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                     if not progress:
                         log.info("step %d  epoch %d  loss %.4f  token acc %.4f  lr %.2e  %.0f tok/s", step,
                                  state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"])
-                    window = dict.fromkeys(window, 0)
                 if t.eval_every and step % t.eval_every == 0:
                     run_eval()
                 stop = state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
@@ -229,9 +256,5 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
             return TrainResult(run_dir, path, step, state["best"], state["elapsed"], False, interrupted=True)
         if last_eval_step != step:
             run_eval()
-    finally:
-        sigint.__exit__()
-        bar.close()
-        metrics_log.close()
     latest = checkpoint(None)
     return TrainResult(run_dir, latest, step, state["best"], state["elapsed"], state["reached_target"])
