@@ -61,8 +61,9 @@ def sdpa_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
     if need_weights or (dropout_p > 0 and q.device.type == "cpu"):
-        # weights exist only in the dense kernel; on a CPU, SDPA's dropout runs the same unfused
-        # computation as the dense kernel but with torch's slower dropout mask
+        # weights exist only in the dense kernel; with dropout on a CPU, torch 2.13 picks SDPA's MATH
+        # backend (torch._fused_sdp_choice == SDPBackend.MATH): the dense kernel's computation, but with
+        # torch's slower dropout mask
         return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights)
     attn_mask = mask
     if bias is not None:
