@@ -112,3 +112,16 @@ def test_corrupt_and_foreign_checkpoints_are_rejected(tmp_path):
 def test_train_config_validates():
     with pytest.raises(ValueError, match="train.max_tokens"):
         TrainConfig(max_tokens=0)
+
+
+def test_resume_survives_a_metrics_record_cut_short_by_a_crash(tmp_path):
+    cfg = _with(tiny_config(), epochs=2)
+    train(_with(cfg, max_steps=5), tmp_path / "r")
+    log = tmp_path / "r" / "metrics.jsonl"
+    with open(log, "a") as f:
+        f.write('{"kind": "train", "step": 6, "lo')  # the crash hit mid-write
+    result = train(cfg, tmp_path / "r", resume=True)
+    records = [json.loads(line) for line in log.read_text().splitlines()]  # every line parses
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert steps == sorted(steps) and len(steps) == len(set(steps))  # no step logged twice
+    assert records[-1]["kind"] == "valid" and records[-1]["step"] == result.step

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from tformer.config import Config, save_config
-from tformer.data import Vocab, collate, load_task, model_lengths, token_budget_batches
+from tformer.config import Config, TrainConfig, save_config
+from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_budget_batches
 from tformer.evaluation import evaluate
 from tformer.metrics import token_accuracy
 from tformer.model import Transformer, build_model
@@ -87,18 +87,22 @@ class _Window:
     """Sums over the updates since the last log line."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.loss = self.nll = self.seconds = 0.0
         self.correct = self.src = self.tgt = 0
 
     def flush(self) -> dict[str, float]:
+        """The averages since the last flush; then start a new window."""
         out = {"loss": self.loss / self.tgt, "nll": self.nll / self.tgt, "token_acc": self.correct / self.tgt,
                "tok_per_s": (self.src + self.tgt) / self.seconds}
-        self.__init__()
+        self.reset()
         return out
 
 
-def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list, lr: float, t,
-            window: _Window) -> None:
+def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Batch], lr: float,
+            t: TrainConfig, window: _Window) -> None:
     """One optimizer update over the batches `micro` (gradient accumulation), the loss normalised by
     the target tokens of all of them: exactly one big batch's gradient."""
     tic = time.perf_counter()
@@ -131,8 +135,14 @@ def _truncate_metrics(path: Path, step: int) -> None:
     """Drop records written after the checkpoint a resume starts from: those steps will run again."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a record cut short by a crash mid-write
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept), encoding="utf-8")
     tmp.replace(path)
