@@ -81,7 +81,7 @@ def test_text_task_reads_files_and_reports_errors(tmp_path):
         (tmp_path / f"{split}.src").write_text("a b c\nd e\n")
         (tmp_path / f"{split}.tgt").write_text("x y\nz\n")
     data = load_task(DataConfig(task="text", dir=str(tmp_path)))
-    assert data.pairs["valid"][1] == (["d", "e"], ["z"])
+    assert (data.texts["valid"][0][1], data.texts["valid"][1][1]) == ("d e", "z")
     assert data.examples["train"][0] == ([4, 5, 6], [4, 5])
     (tmp_path / "valid.tgt").write_text("x y\n")
     with pytest.raises(ValueError, match="has 2 lines but .*valid.tgt has 1"):

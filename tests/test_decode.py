@@ -1,10 +1,11 @@
-"""Greedy decoding: cached == uncached == argmax of the teacher-forced pass; batch-invariant."""
+"""Greedy decoding: cached == uncached == argmax of the teacher-forced pass; batch-invariant; the rules
+that forbid tokens (minimum length, repeated n-grams)."""
 
 import torch
 
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import greedy_search, max_lengths
+from tformer.decode import forbid, greedy_search, max_lengths
 from tformer.inference import translate_ids
 from tformer.model import build_model
 
@@ -23,7 +24,9 @@ def _uncached_greedy(model, src_ids, max_len):
     out = []
     for _ in range(max_len):
         hidden = model.decode(torch.tensor([prefix]), torch.tensor([len(prefix)]), enc).hidden
-        tok = int(model.generator(hidden[0, -1]).argmax())
+        logits = model.generator(hidden[0, -1])
+        logits[[Vocab.pad, Vocab.bos]] = float("-inf")  # never generated
+        tok = int(logits.argmax())
         if tok == Vocab.eos:
             break
         out.append(tok)
@@ -37,14 +40,16 @@ def test_cached_greedy_equals_uncached_and_teacher_forced_argmax():
         model = _model(norm=norm)
         cfg = DecodeConfig(max_len_a=1.0, max_len_b=5)
         sources = [[4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 4, 5, 6, 7]]
-        hyps = translate_ids(model, sources, cfg).tokens
+        hyps = [n[0] for n in translate_ids(model, sources, cfg).tokens]
         for src_ids, hyp in zip(sources, hyps):
             assert hyp == _uncached_greedy(model, src_ids, len(src_ids) + 5)
             # the teacher-forced pass over <s> + hyp predicts hyp (+ </s> unless cut at the limit)
             tgt_in = torch.tensor([[Vocab.bos] + hyp])
             src = torch.tensor([src_ids + [Vocab.eos]])
             hidden = model(src, torch.tensor([src.shape[1]]), tgt_in, torch.tensor([tgt_in.shape[1]])).hidden
-            pred = model.generator(hidden[0]).argmax(-1).tolist()
+            logits = model.generator(hidden[0])
+            logits[:, [Vocab.pad, Vocab.bos]] = float("-inf")
+            pred = logits.argmax(-1).tolist()
             assert pred[: len(hyp)] == hyp
             if len(hyp) < len(src_ids) + 5:
                 assert pred[len(hyp)] == Vocab.eos
@@ -60,7 +65,7 @@ def test_batch_of_seven_equals_each_alone():
     for i, s in enumerate(sources):
         alone = translate_ids(model, [s], cfg)
         assert alone.tokens[0] == batched.tokens[i]
-        assert abs(alone.scores[0] - batched.scores[i]) < 1e-4
+        assert abs(alone.scores[0][0] - batched.scores[i][0]) < 1e-4
 
 
 def test_greedy_search_on_a_scripted_step_function():
@@ -83,3 +88,31 @@ def test_greedy_search_on_a_scripted_step_function():
 def test_max_lengths():
     assert max_lengths(torch.tensor([0, 4, 10]), 1.2, 10).tolist() == [10, 14, 22]
     assert max_lengths(torch.tensor([3]), 0.0, 0).tolist() == [1]
+
+
+def test_forbid_min_len_and_repeated_ngrams():
+    V = 8
+    history = torch.tensor([[4, 5, 6, 4, 5], [4, 4, 4, 4, 4]])  # t = 5
+    logp = forbid(torch.zeros(2, V), history, 5, Vocab.eos, min_len=6, no_repeat_ngram=3)
+    banned = [set(torch.nonzero(torch.isinf(row))[:, 0].tolist()) for row in logp]
+    # row 0 ends in (4, 5): 4 5 6 occurred, so 6 is banned; row 1 ends in (4, 4): 4 4 4 occurred
+    specials = {Vocab.pad, Vocab.bos}  # never generated
+    assert banned == [specials | {Vocab.eos, 6}, specials | {Vocab.eos, 4}]
+    logp = forbid(torch.zeros(2, V), history, 5, Vocab.eos, min_len=5, no_repeat_ngram=2)
+    # bigrams: row 0 after 5 -> 6 seen; row 1 after 4 -> 4 seen; </s> allowed at t = min_len
+    assert [set(torch.nonzero(torch.isinf(r))[:, 0].tolist()) for r in logp] == [specials | {6}, specials | {4}]
+    untouched = forbid(torch.zeros(2, V), history[:, :1], 1, Vocab.eos, min_len=0, no_repeat_ngram=3)
+    assert torch.isinf(untouched).sum() == 4  # only <pad> and <s>, in both rows
+
+
+def test_greedy_min_len_holds_back_eos():
+    V = 10
+
+    def step(prev, cache):  # </s> is always the favourite, 7 the runner-up
+        logits = torch.full((prev.shape[0], V), -5.0)
+        logits[:, 7] = 0.0
+        logits[:, Vocab.eos] = 1.0
+        return logits, cache
+
+    hyp = greedy_search(step, {"x": torch.zeros(2)}, Vocab.bos, Vocab.eos, torch.tensor([10, 10]), min_len=3)
+    assert hyp.tokens == [[7, 7, 7], [7, 7, 7]]

@@ -1,9 +1,10 @@
 """`tformer <command>`: parse the command line, then call the library.
 
     tformer train     --config configs/copy.yaml [section.key=value ...] [--run-dir DIR] [--resume]
-    tformer evaluate  --checkpoint RUN_DIR [--split test] [decode.key=value ...]
-    tformer translate --checkpoint RUN_DIR [--input FILE] [--output FILE] [decode.key=value ...]
-    tformer data      {copy,sort} --out DIR [--config FILE] [data.key=value ...]
+    tformer evaluate  --checkpoint RUN_DIR [--split test] [--beam 5] [decode.key=value ...]
+    tformer translate --checkpoint RUN_DIR [--input FILE] [--output FILE] [--beam 5 --nbest 3 --batch-size 64]
+    tformer data      multi30k --out DIR | {copy,sort} --out DIR [--config FILE] [data.key=value ...]
+    tformer average   --run-dir RUN_DIR --last 5 --out DIR
     tformer demo      train the copy task, then show its test accuracy and a few decoded examples
 """
 
@@ -70,51 +71,89 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"run folder: {result.run_dir}")
     print(f"steps: {result.step}  wall time: {result.elapsed:.1f}s  latest checkpoint: {result.checkpoint}")
     if best:
-        print(f"best validation: exact match {best.get('exact_match', 0):.4f}  token acc "
-              f"{best['token_acc']:.4f}  loss {best['loss']:.4f}")
+        score = (f"BLEU {best['bleu']:.2f}  chrF {best['chrf']:.2f}" if "bleu" in best
+                 else f"exact match {best.get('exact_match', 0):.4f}")
+        print(f"best validation: {score}  token acc {best['token_acc']:.4f}  loss {best['loss']:.4f}")
     return 130 if result.interrupted else 0
+
+
+def _decode_overrides(args: argparse.Namespace) -> list[str]:
+    """--beam/--nbest/--batch-size as decode.* overrides (before the explicit ones, which win)."""
+    out = []
+    if getattr(args, "beam", None) is not None:
+        out += ["decode.strategy=greedy"] if args.beam == 1 else ["decode.strategy=beam", f"decode.beam_size={args.beam}"]
+    if getattr(args, "nbest", None) is not None:
+        out.append(f"decode.nbest={args.nbest}")
+    if getattr(args, "batch_size", None) is not None:
+        out.append(f"decode.batch_size={args.batch_size}")
+    return out + args.overrides
 
 
 def _load_for_inference(args: argparse.Namespace):
     from tformer.inference import load_model
 
-    check_inference_overrides(args.overrides)
-    return load_model(args.checkpoint, which="best", overrides=args.overrides)
+    overrides = _decode_overrides(args)
+    check_inference_overrides(overrides)
+    return load_model(args.checkpoint, which="best", overrides=overrides)
 
 
-def _show_examples(pairs, hyps, vocab, n: int) -> None:
-    for (src, ref), hyp in list(zip(pairs, hyps))[:n]:
-        out = " ".join(vocab.decode(hyp))
-        mark = "ok " if out == " ".join(ref) else "ERR"
-        print(f"  [{mark}] {' '.join(src)}\n        -> {out}")
+def _show_examples(sources: list[str], refs: list[str], outputs: list[str], n: int) -> None:
+    for src, ref, out in list(zip(sources, refs, outputs))[:n]:
+        mark = "ok " if out == ref else "   "
+        print(f"  [{mark}] {src}\n        -> {out}\n   (ref) {ref}")
+
+
+def _describe_decode(cfg) -> str:
+    d = cfg.decode
+    how = {"greedy": "greedy", "beam": f"beam {d.beam_size}, length penalty alpha {d.len_penalty}",
+           "sample": f"sampling (temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}, seed {d.seed})"}
+    extra = (f", min length {d.min_len}" if d.min_len else "") + \
+        (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "")
+    return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {d.batch_size} "
+            f"sentences, kernel {cfg.model.attention}")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from tformer.data import load_task
     from tformer.evaluation import evaluate
+    from tformer.metrics import translation_scores
 
     ckpt, model = _load_for_inference(args)
     cfg = ckpt.cfg
     if args.print_config:
         _print_config(cfg)
         return 0
-    data = load_task(cfg.data, (args.split,), vocabs=(ckpt.src_vocab, ckpt.tgt_vocab))
+    data = load_task(cfg.data, (args.split,), tokenizers=ckpt.tokenizers)
+    tgt_tok = ckpt.tokenizers[1]
+    sources, refs = data.texts[args.split]
     tic = time.perf_counter()
     metrics, hyps = evaluate(model, data.examples[args.split], cfg)
     seconds = time.perf_counter() - tic
+    outputs = [tgt_tok.decode(h) for h in hyps]
+    scores = translation_scores(outputs, refs, cfg.data.tgt_lang) if cfg.data.task == "translation" else None
+    if scores:
+        metrics.update(scores.as_dict())
+    if args.output:
+        Path(args.output).write_text("".join(o + "\n" for o in outputs), encoding="utf-8")
     report = {"checkpoint": str(ckpt.path), "split": args.split, **metrics, "seconds": round(seconds, 2),
               "decode": to_dict(cfg.decode), "attention": cfg.model.attention}
+    if scores:
+        report["signatures"] = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature,
+                                "tok_bleu": scores.tok_bleu_signature}
     if args.json:
         print(json.dumps(report))
     else:
         print(f"checkpoint {ckpt.path}  split {args.split} ({metrics['n']} examples)")
-        print(f"  loss {metrics['loss']:.4f}  nll {metrics['nll']:.4f}  ppl {metrics['ppl']:.3f}")
-        print(f"  token accuracy (teacher-forced)        {metrics['token_acc']:.4f}")
-        print(f"  exact match (free-running, greedy)     {metrics['exact_match']:.4f}")
-        d = cfg.decode
-        print(f"  decoding: {d.strategy}, max length {d.max_len_a}*src+{d.max_len_b}, batch {d.batch_size}, "
-              f"kernel {cfg.model.attention}; {seconds:.1f}s")
-    _show_examples(data.pairs[args.split], hyps, ckpt.tgt_vocab, args.examples)
+        print(f"  loss {metrics['loss']:.4f}  nll {metrics['nll']:.4f}  ppl {metrics['ppl']:.3f}  "
+              f"token accuracy (teacher-forced) {metrics['token_acc']:.4f}")
+        if scores:
+            print(f"  sacreBLEU      {scores.bleu:6.2f}   {scores.bleu_signature}")
+            print(f"  chrF           {scores.chrf:6.2f}   {scores.chrf_signature}")
+            print(f"  tokenized BLEU {scores.tok_bleu:6.2f}   {scores.tok_bleu_signature}")
+        else:
+            print(f"  exact match (free-running)  {metrics['exact_match']:.4f}")
+        print(f"  decoding: {_describe_decode(cfg)}; {seconds:.1f}s")
+    _show_examples(sources, refs, outputs, args.examples)
     return 0
 
 
@@ -125,23 +164,38 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.print_config:
         _print_config(ckpt.cfg)
         return 0
-    src_vocab, tgt_vocab, dcfg = ckpt.src_vocab, ckpt.tgt_vocab, ckpt.cfg.decode
+    from tformer.data.corpus import normalize
+
+    src_tok, tgt_tok, dcfg = ckpt.tokenizers[0], ckpt.tokenizers[1], ckpt.cfg.decode
     inp = open(args.input, encoding="utf-8") if args.input else sys.stdin
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    nbest = dcfg.nbest > 1
+    count = 0
 
     def run(lines: list[str]) -> list[str]:
-        ids = [src_vocab.encode(line.split()) for line in lines]
+        """One output line per input line; with n-best, `index ||| hypothesis ||| score` lines (Moses)."""
+        nonlocal count
+        ids = [src_tok.encode(normalize(line)) for line in lines]
         live = [i for i, x in enumerate(ids) if x]  # an empty line gives an empty line
-        hyp = translate_ids(model, [ids[i] for i in live], dcfg).tokens if live else []
-        result = [""] * len(lines)
-        for i, h in zip(live, hyp):
-            result[i] = " ".join(tgt_vocab.decode(h))
-        return result
+        result = translate_ids(model, [ids[i] for i in live], dcfg) if live else None
+        texts: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        for j, i in enumerate(live):
+            texts[i] = [(tgt_tok.decode(h), s) for h, s in zip(result.tokens[j], result.scores[j])]
+        rows = []
+        for i, hyps in enumerate(texts):
+            if nbest:
+                rows += [f"{count + i} ||| {text} ||| {score:.4f}" for text, score in hyps]
+            else:
+                rows.append(hyps[0][0])
+        count += len(lines)
+        return rows
 
     try:
         if inp.isatty():  # interactive: answer each line as it comes
+            print(f"tformer: translating with {_describe_decode(ckpt.cfg)}; one sentence per line, Ctrl-D ends",
+                  file=sys.stderr)
             for line in inp:
-                out.write(run([line.rstrip("\n")])[0] + "\n")
+                out.write("".join(r + "\n" for r in run([line.rstrip("\n")])))
                 out.flush()
         else:
             try:
@@ -150,8 +204,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.input or 'standard input'}: not valid UTF-8 (byte {e.start})") from None
             if lines and lines[-1] == "":
                 lines.pop()
-            for text in run(lines):
-                out.write(text + "\n")
+            for start in range(0, len(lines), 10_000):  # bounded memory; the decoder batches within
+                out.write("".join(r + "\n" for r in run(lines[start : start + 10_000])))
     finally:
         if args.input:
             inp.close()
@@ -161,6 +215,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    if args.task == "multi30k":
+        from tformer.data.download import MULTI30K_URL, download_multi30k
+
+        for path in download_multi30k(args.out, args.url or MULTI30K_URL):
+            print(path)
+        print(f"now: tformer train --config multi30k_en_de data.dir={args.out}")
+        return 0
     from tformer.data import SPLITS, load_pairs
     from tformer.data.text import write_parallel
 
@@ -170,6 +231,22 @@ def cmd_data(args: argparse.Namespace) -> int:
         pairs = load_pairs(cfg, split)
         write_parallel(args.out, split, pairs)
         print(f"{args.out}/{split}.src, {split}.tgt: {len(pairs)} pairs")
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from tformer.train.average import average_checkpoints, last_checkpoints
+
+    if bool(args.last) == bool(args.checkpoints):
+        raise ConfigError("give either --last N (with --run-dir) or --checkpoints DIR [DIR ...]")
+    if args.last:
+        if not args.run_dir:
+            raise ConfigError("--last needs --run-dir, the run folder whose last checkpoints to average")
+        paths = last_checkpoints(args.run_dir, args.last)
+    else:
+        paths = [Path(p) for p in args.checkpoints]
+    out = average_checkpoints(paths, args.out)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
     return 0
 
 
@@ -185,12 +262,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"training the copy task ({cfg_path}) into {run_dir} ...", flush=True)
     result = train(cfg, run_dir, progress=args.progress)
     ckpt, model = load_model(run_dir, which="best")
-    data = load_task(ckpt.cfg.data, ("test",), vocabs=(ckpt.src_vocab, ckpt.tgt_vocab))
+    data = load_task(ckpt.cfg.data, ("test",), tokenizers=ckpt.tokenizers)
     metrics, hyps = evaluate(model, data.examples["test"], ckpt.cfg)
     print(f"\ntrained {result.step} steps in {result.elapsed:.0f}s; best checkpoint {ckpt.path}")
     print(f"test ({metrics['n']} sequences): exact match {metrics['exact_match']:.4f} (free-running greedy), "
           f"token accuracy {metrics['token_acc']:.4f} (teacher-forced)")
-    _show_examples(data.pairs["test"], hyps, ckpt.tgt_vocab, 5)
+    sources, refs = data.texts["test"]
+    _show_examples(sources, refs, [ckpt.tokenizers[1].decode(h) for h in hyps], 5)
     print(f"\nnext: tformer translate --checkpoint {run_dir}   (type a line of letters, e.g. 'h e l l o')")
     return 130 if result.interrupted else 0
 
@@ -227,31 +305,56 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_train)
 
     inference_help = "settings that may change after training: decode.* and model.attention"
-    sp = sub.add_parser("evaluate", help="loss, token accuracy and exact match on a split",
-                        description="Evaluate a checkpoint on a split of the data it was trained with.")
+    def decoding(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--beam", type=int, help="beam size (1 = greedy); same as decode.strategy=beam "
+                        "decode.beam_size=N. Sampling: decode.strategy=sample decode.top_p=0.9 ...")
+        sp.add_argument("--nbest", type=int, help="hypotheses per sentence (decode.nbest)")
+        sp.add_argument("--batch-size", type=int, help="sentences per decoding batch (decode.batch_size); "
+                        "results do not depend on it")
+
+    sp = sub.add_parser("evaluate", help="BLEU/chrF (translation) or exact match (synthetic) on a split",
+                        description="Evaluate a checkpoint on a split of the data it was trained with: "
+                        "teacher-forced loss and accuracy, then free-running decoding scored by sacreBLEU, "
+                        "chrF and tokenized BLEU (translation) or exact match (synthetic tasks).")
     sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
     sp.add_argument("--split", default="test", choices=("train", "valid", "test"))
     sp.add_argument("--examples", type=int, default=0, help="also print this many decoded examples")
+    sp.add_argument("--output", help="write the detokenised hypotheses here, one per line")
     sp.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
+    decoding(sp)
     common(sp, inference_help)
     sp.set_defaults(func=cmd_evaluate)
 
     sp = sub.add_parser("translate", help="decode lines from stdin or a file",
-                        description="Read one whitespace-tokenised source per line; write one output per "
-                        "line (same line count; an empty line gives an empty line).")
+                        description="Read one raw sentence per line; write one detokenised translation per "
+                        "line (same line count; an empty line gives an empty line). With --nbest N > 1, write "
+                        "N lines 'index ||| translation ||| score' per input line. Interactive when stdin is "
+                        "a terminal.")
     sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
     sp.add_argument("--input", help="input file (default: standard input)")
     sp.add_argument("--output", help="output file (default: standard output)")
+    decoding(sp)
     common(sp, inference_help)
     sp.set_defaults(func=cmd_translate)
 
-    sp = sub.add_parser("data", help="write a synthetic task as parallel text files",
-                        description="Write {train,valid,test}.{src,tgt} of a synthetic task, one sequence per line.")
-    sp.add_argument("task", choices=("copy", "sort"))
+    sp = sub.add_parser("data", help="download Multi30k, or write a synthetic task as text files",
+                        description="multi30k: download the official Multi30k task-1 English-German files "
+                        "(checksums verified). copy/sort: write {train,valid,test}.{src,tgt} of a synthetic task.")
+    sp.add_argument("task", choices=("multi30k", "copy", "sort"))
     sp.add_argument("--out", required=True, help="output folder")
+    sp.add_argument("--url", help="multi30k: base URL to fetch from (default: the official GitHub files)")
     sp.add_argument("--config", help="YAML file whose data section to use")
     sp.add_argument("overrides", nargs="*", metavar="data.key=value", help="e.g. data.symbols=10 data.seed=7")
     sp.set_defaults(func=cmd_data)
+
+    sp = sub.add_parser("average", help="average the weights of several checkpoints",
+                        description="Write the element-wise mean of checkpoints' weights as a new checkpoint "
+                        "folder, usable by evaluate and translate.")
+    sp.add_argument("--run-dir", help="run folder (with --last)")
+    sp.add_argument("--last", type=int, help="average the last N checkpoints of --run-dir")
+    sp.add_argument("--checkpoints", nargs="+", help="checkpoint folders to average")
+    sp.add_argument("--out", required=True, help="new checkpoint folder to write")
+    sp.set_defaults(func=cmd_average)
 
     sp = sub.add_parser("demo", help="train the copy task and show what it learned (a few minutes on a CPU)")
     sp.add_argument("--run-dir", help="run folder (default: a new folder under runs/)")

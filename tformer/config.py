@@ -62,7 +62,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: Literal["copy", "sort", "text"] = "copy"
+    task: Literal["copy", "sort", "text", "translation"] = "copy"
     # synthetic tasks (copy, sort): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
     symbols: int = 26  # 'a', 'b', ... then 's26', 's27', ... beyond 26
     length_mean: float = 15.0
@@ -75,6 +75,23 @@ class DataConfig:
     seed: int = 1
     # task 'text': a folder with {train,valid,test}.{src,tgt}, one whitespace-tokenised sequence per line
     dir: str = ""
+    # task 'translation': raw (untokenised) parallel text, SentencePiece trained on the training split.
+    # format 'files': {dir}/{prefix}.{lang} or .{lang}.gz per split, line i translating line i;
+    # format 'tsv': one tab-separated file split by source sentence into train/valid/test with `seed`.
+    format: Literal["files", "tsv"] = "files"
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    train_prefix: str = "train"
+    valid_prefix: str = "valid"
+    test_prefix: str = "test"
+    tsv: str = ""
+    tsv_columns: tuple[int, int] = (0, 1)  # 0-based columns of source and target
+    subword: Literal["bpe", "unigram"] = "bpe"
+    vocab_size: int = 8000  # pieces per SentencePiece model, the 4 specials included
+    joint_vocab: bool = True  # one model for both sides (needed by model.share_embeddings)
+    character_coverage: float = 1.0
+    filter_max_len: int = 250  # training pairs with a side longer than this (in pieces) are dropped
+    filter_max_ratio: float = 0.0  # ... or with longer/shorter side above this; 0 = no ratio filter
 
     def __post_init__(self) -> None:
         _check(self.symbols >= 1, "data.symbols", f"must be >= 1, got {self.symbols}")
@@ -83,7 +100,18 @@ class DataConfig:
         _check(self.length_std >= 0, "data.length_std", f"must be >= 0, got {self.length_std}")
         for name in ("train_size", "valid_size", "test_size"):
             _check(getattr(self, name) >= 1, f"data.{name}", f"must be >= 1, got {getattr(self, name)}")
-        _check(self.task != "text" or bool(self.dir), "data.dir", "task 'text' needs data.dir")
+        _check(self.task not in ("text", "translation") or self.format == "tsv" or bool(self.dir), "data.dir",
+               f"task '{self.task}' needs data.dir, the folder with the corpus files")
+        _check(self.task != "translation" or self.format != "tsv" or bool(self.tsv), "data.tsv",
+               "format 'tsv' needs data.tsv, the path of the tab-separated file")
+        _check(self.vocab_size >= 8, "data.vocab_size", f"must be >= 8, got {self.vocab_size}")
+        _check(min(self.tsv_columns) >= 0 and self.tsv_columns[0] != self.tsv_columns[1], "data.tsv_columns",
+               f"must be two different 0-based columns, got {list(self.tsv_columns)}")
+        _check(self.filter_max_len >= 1, "data.filter_max_len", f"must be >= 1, got {self.filter_max_len}")
+        _check(self.filter_max_ratio == 0 or self.filter_max_ratio >= 1, "data.filter_max_ratio",
+               f"must be 0 (off) or >= 1, got {self.filter_max_ratio}")
+        _check(0 < self.character_coverage <= 1, "data.character_coverage",
+               f"must be in (0, 1], got {self.character_coverage}")
 
 
 @dataclass(frozen=True)
@@ -106,12 +134,14 @@ class TrainConfig:
     log_every: int = 20
     keep_last: int = 3  # checkpoints kept besides the best
     target_exact_match: float = 0.0  # stop once validation exact match reaches this (0 = never)
+    patience: int = 0  # stop after this many evaluations without a better best checkpoint (0 = never)
+    valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "epochs", "accum_steps", "log_every", "keep_last"):
+        for name in ("max_tokens", "epochs", "accum_steps", "log_every", "keep_last", "valid_beam"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_sentences", "max_steps", "warmup", "eval_every", "threads"):
+        for name in ("max_sentences", "max_steps", "warmup", "eval_every", "threads", "patience"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
         _check(self.schedule != "noam" or self.warmup >= 1, "train.warmup", "noam needs warmup >= 1")
@@ -125,10 +155,19 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    strategy: Literal["greedy"] = "greedy"
+    strategy: Literal["greedy", "beam", "sample"] = "greedy"
     max_len_a: float = 1.2  # output length limit: a * source_length + b
     max_len_b: int = 10
     batch_size: int = 250  # sentences per decoding batch
+    beam_size: int = 5
+    len_penalty: float = 0.6  # GNMT alpha: score = logprob / ((5 + length) / 6) ** alpha; 0 = plain sum
+    min_len: int = 0  # </s> is forbidden before this many tokens
+    nbest: int = 1  # hypotheses returned per sentence (beam: <= beam_size; sample: independent draws)
+    no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
+    temperature: float = 1.0  # sampling only
+    top_k: int = 0  # sampling only: keep the k most probable tokens (0 = all)
+    top_p: float = 1.0  # sampling only: keep the smallest set with this much probability
+    seed: int = 0  # sampling only
 
     def __post_init__(self) -> None:
         _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")
@@ -136,6 +175,17 @@ class DecodeConfig:
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b",
                "max_len_a and max_len_b are both 0: nothing could be generated")
         _check(self.batch_size >= 1, "decode.batch_size", f"must be >= 1, got {self.batch_size}")
+        for name in ("beam_size", "nbest"):
+            _check(getattr(self, name) >= 1, f"decode.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name in ("min_len", "no_repeat_ngram", "top_k"):
+            _check(getattr(self, name) >= 0, f"decode.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _check(self.strategy != "beam" or self.nbest <= self.beam_size, "decode.nbest",
+               f"{self.nbest} hypotheses cannot come from a beam of {self.beam_size}; raise decode.beam_size")
+        _check(self.strategy != "greedy" or self.nbest == 1, "decode.nbest",
+               "greedy search has one hypothesis; use decode.strategy=beam or sample for n-best lists")
+        _check(self.len_penalty >= 0, "decode.len_penalty", f"must be >= 0, got {self.len_penalty}")
+        _check(self.temperature > 0, "decode.temperature", f"must be > 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, "decode.top_p", f"must be in (0, 1], got {self.top_p}")
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from tformer.config import Config
-from tformer.data import Example, Vocab, collate, model_lengths, token_budget_batches
+from tformer.config import Config, DecodeConfig
+from tformer.data import Example, Tokenizer, Vocab, collate, model_lengths, token_budget_batches
 from tformer.inference import translate_ids
-from tformer.metrics import exact_match, token_accuracy
+from tformer.metrics import exact_match, token_accuracy, translation_scores
 from tformer.model import Transformer
 from tformer.train.loss import label_smoothed_nll_loss
 
@@ -38,14 +38,22 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
             "token_acc": correct / total}
 
 
-def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_running: bool = True
-             ) -> tuple[dict[str, float], list[list[int]]]:
-    """Teacher-forced metrics plus, if asked, free-running whole-sequence exact match (greedy).
-    Returns the metrics and the hypotheses (ids, [] when not free-running)."""
+def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_running: bool = True,
+             decode: DecodeConfig | None = None, references: list[str] | None = None,
+             tokenizer: Tokenizer | None = None) -> tuple[dict[str, float], list[list[int]]]:
+    """Teacher-forced metrics plus, if asked, free-running decoding (`decode`, else cfg.decode) scored by
+    whole-sequence exact match or, given `references` and the target `tokenizer`, by sacreBLEU, chrF and
+    tokenized BLEU of the detokenised output. Returns the metrics and the hypotheses (ids)."""
     metrics = teacher_forced(model, examples, cfg)
     hyps: list[list[int]] = []
     if free_running:
-        hyps = translate_ids(model, [s for s, _ in examples], cfg.decode).tokens
-        metrics["exact_match"] = exact_match(hyps, [t for _, t in examples])
+        hyps = [n[0] for n in translate_ids(model, [s for s, _ in examples], decode or cfg.decode).tokens]
+        if references is None:
+            metrics["exact_match"] = exact_match(hyps, [t for _, t in examples])
+        else:
+            if tokenizer is None:
+                raise ValueError("scoring against references needs the target tokenizer")
+            scores = translation_scores([tokenizer.decode(h) for h in hyps], references, cfg.data.tgt_lang)
+            metrics.update(scores.as_dict())
     metrics["n"] = len(examples)
     return metrics, hyps

@@ -7,21 +7,21 @@ import torch
 from tformer.config import DecodeConfig
 from tformer.data.batching import pad_sequences
 from tformer.data.vocab import Vocab
-from tformer.decode import Hypotheses, greedy_search, max_lengths
+from tformer.decode import NBest, max_lengths, search
 from tformer.model import Transformer, build_model
 from tformer.train.checkpoint import Checkpoint, load_checkpoint
 
 
 @torch.inference_mode()
-def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfig) -> Hypotheses:
+def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfig) -> NBest:
     """Decode every source (ids, no specials), `cfg.batch_size` at a time, longest first; results in input
     order. Each sentence's output is independent of the batch it lands in."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
-    tokens: list[list[int]] = [[] for _ in sources]
-    scores = [0.0] * len(sources)
+    tokens: list[list[list[int]]] = [[] for _ in sources]
+    scores: list[list[float]] = [[] for _ in sources]
     try:
         for start in range(0, len(order), cfg.batch_size):
             rows = order[start : start + cfg.batch_size]
@@ -29,12 +29,12 @@ def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfi
             src_lengths = torch.tensor([len(sources[i]) + 1 for i in rows], device=device)  # (B,)
             cache = model.init_cache(model.encode(src, src_lengths))
             limit = max_lengths(src_lengths - 1, cfg.max_len_a, cfg.max_len_b)  # (B,)
-            hyp = greedy_search(model.decode_step, cache, Vocab.bos, Vocab.eos, limit)
+            hyp = search(model.decode_step, cache, limit, cfg, ids=rows)
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:
         model.train(was_training)
-    return Hypotheses(tokens, scores)
+    return NBest(tokens, scores)
 
 
 def load_model(path: str, which: str = "best", overrides: list[str] = ()) -> tuple[Checkpoint, Transformer]:

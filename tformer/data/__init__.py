@@ -1,55 +1,94 @@
-"""Data: synthetic tasks, parallel text, vocabularies, token-budget batching and collation."""
+"""Data: synthetic tasks, parallel text, tokenizers, token-budget batching and collation."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from tformer.config import DataConfig
 from tformer.data.batching import Batch, Example, collate, model_lengths, token_budget_batches
 from tformer.data.synthetic import SPLITS, symbol_names, synthetic_split
 from tformer.data.text import read_parallel
+from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
 
 Pair = tuple[list[str], list[str]]
+Tokenizers = tuple[Tokenizer, Tokenizer]
 
-__all__ = ["Batch", "Example", "Pair", "SPLITS", "TaskData", "Vocab", "collate", "load_pairs",
-           "load_task", "model_lengths", "token_budget_batches"]
+log = logging.getLogger("tformer")
+
+__all__ = ["Batch", "Example", "Pair", "SPLITS", "SubwordTokenizer", "TaskData", "Tokenizer", "Tokenizers",
+           "Vocab", "WordTokenizer", "collate", "load_pairs", "load_task", "model_lengths", "token_budget_batches"]
 
 
 def load_pairs(cfg: DataConfig, split: str) -> list[Pair]:
-    """Token pairs of one split, from the synthetic generator or from cfg.dir."""
+    """Token pairs of one split, from the synthetic generator or from cfg.dir (whitespace-tokenised)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split '{split}'; choose one of {', '.join(SPLITS)}")
     if cfg.task == "text":
         return read_parallel(cfg.dir, split)
+    if cfg.task == "translation":
+        raise ValueError("load_pairs reads whitespace-tokenised tasks; 'translation' goes through load_task")
     return synthetic_split(cfg, split)
 
 
-def build_vocabs(cfg: DataConfig, train: list[Pair], joint: bool) -> tuple[Vocab, Vocab]:
+def build_tokenizers(cfg: DataConfig, train: list[Pair], joint: bool) -> Tokenizers:
     """From the training split only (never valid/test); synthetic tasks use their whole alphabet."""
     if cfg.task in ("copy", "sort"):
-        v = Vocab(symbol_names(cfg.symbols))
+        v = WordTokenizer(Vocab(symbol_names(cfg.symbols)))
         return v, v
     if joint:
-        v = Vocab.build([s for s, _ in train] + [t for _, t in train])
+        v = WordTokenizer(Vocab.build([s for s, _ in train] + [t for _, t in train]))
         return v, v
-    return Vocab.build(s for s, _ in train), Vocab.build(t for _, t in train)
+    return WordTokenizer(Vocab.build(s for s, _ in train)), WordTokenizer(Vocab.build(t for _, t in train))
 
 
 @dataclass
 class TaskData:
-    src_vocab: Vocab
-    tgt_vocab: Vocab
-    pairs: dict[str, list[Pair]]  # tokens, as read
+    tokenizers: Tokenizers
+    texts: dict[str, tuple[list[str], list[str]]]  # per split: source and reference sentences (kept pairs)
     examples: dict[str, list[Example]]  # ids, no specials
+
+    @property
+    def src_vocab(self) -> Vocab:
+        return self.tokenizers[0].vocab
+
+    @property
+    def tgt_vocab(self) -> Vocab:
+        return self.tokenizers[1].vocab
 
 
 def load_task(cfg: DataConfig, splits: tuple[str, ...] = SPLITS, joint: bool = False,
-              vocabs: tuple[Vocab, Vocab] | None = None) -> TaskData:
+              tokenizers: Tokenizers | None = None) -> TaskData:
+    """The splits asked for, as text and as ids. Without `tokenizers`, they are built from the training
+    split (SentencePiece is trained for 'translation')."""
+    for s in splits:
+        if s not in SPLITS:
+            raise ValueError(f"unknown split '{s}'; choose one of {', '.join(SPLITS)}")
+    if cfg.task == "translation":
+        return _load_translation(cfg, splits, joint, tokenizers)
     pairs = {s: load_pairs(cfg, s) for s in splits}
-    if vocabs is None:
+    if tokenizers is None:
         train = pairs["train"] if "train" in pairs else load_pairs(cfg, "train")
-        vocabs = build_vocabs(cfg, train, joint)
-    src_v, tgt_v = vocabs
+        tokenizers = build_tokenizers(cfg, train, joint)
+    src_v, tgt_v = tokenizers[0].vocab, tokenizers[1].vocab
     examples = {s: [(src_v.encode(a), tgt_v.encode(b)) for a, b in p] for s, p in pairs.items()}
-    return TaskData(src_v, tgt_v, pairs, examples)
+    texts = {s: ([" ".join(a) for a, _ in p], [" ".join(b) for _, b in p]) for s, p in pairs.items()}
+    return TaskData(tokenizers, texts, examples)
+
+
+def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tokenizers: Tokenizers | None
+                      ) -> TaskData:
+    from tformer.data.translation import encode_split, read_split, train_tokenizers
+
+    if joint and not cfg.joint_vocab:
+        raise ValueError("config key 'model.share_embeddings' needs one joint vocabulary: set data.joint_vocab=true")
+    corpora = {s: read_split(cfg, s) for s in splits}
+    if tokenizers is None:
+        train = corpora["train"] if "train" in corpora else read_split(cfg, "train")
+        tokenizers = train_tokenizers(cfg, train)
+    texts, examples = {}, {}
+    for s, corpus in corpora.items():
+        examples[s], keep = encode_split(cfg, s, corpus, tokenizers)
+        texts[s] = ([corpus.src[i] for i in keep], [corpus.tgt[i] for i in keep])
+    return TaskData(tokenizers, texts, examples)

@@ -1,33 +1,16 @@
-"""Batched greedy decoding with a key/value cache. Notation: B batch, V vocabulary."""
+"""Batched greedy decoding with a key/value cache."""
 
 from __future__ import annotations
-
-from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
-Cache = dict[str, Tensor]
-StepFn = Callable[[Tensor, Cache], "tuple[Tensor, Cache]"]
+from tformer.decode.common import Cache, Hypotheses, StepFn, forbid, select_rows
 
 
-class Hypotheses(NamedTuple):
-    tokens: list[list[int]]  # per sentence, without <s> and </s>
-    scores: list[float]  # sum of log-probabilities of the tokens chosen, </s> included when reached
-
-
-def max_lengths(src_lengths: Tensor, a: float, b: int) -> Tensor:
-    """The output limit a * source_length + b (at least 1), per sentence: (B,) -> (B,)."""
-    return (src_lengths.double() * a + b).floor().long().clamp(min=1)
-
-
-def select_rows(cache: Cache, rows: Tensor) -> Cache:
-    """Keep (or reorder, or repeat) the batch rows `rows` of every cached tensor."""
-    return {k: v.index_select(0, rows) for k, v in cache.items()}
-
-
-def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor) -> Hypotheses:
-    """Pick the most probable token at each step until </s> or `max_len` (B,) tokens.
+def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, min_len: int = 0,
+                  no_repeat_ngram: int = 0) -> Hypotheses:
+    """Pick the most probable allowed token at each step until </s> or `max_len` (B,) tokens.
 
     A finished sentence leaves the batch (its cache rows are dropped), so the work shrinks as the
     batch finishes and no sentence's result depends on the others in its batch.
@@ -38,10 +21,11 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
     scores = [0.0] * B
     active = torch.arange(B, device=device)  # original row of each live row
     prev = torch.full((B,), bos, dtype=torch.long, device=device)  # (B_live,)
+    history = torch.empty((B, 0), dtype=torch.long, device=device)  # (B_live, t)
     t = 0
     while active.numel():
         logits, cache = step(prev, cache)  # (B_live, V)
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = forbid(torch.log_softmax(logits.float(), dim=-1), history, t, eos, min_len, no_repeat_ngram)
         best = logp.argmax(dim=-1)  # (B_live,)
         best_logp = logp.gather(1, best[:, None])[:, 0]
         t += 1
@@ -50,9 +34,11 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
             scores[row] += lp
             if tok != eos:
                 tokens[row].append(tok)
+        history = torch.cat([history, best[:, None]], dim=1)
         if done.any():
             keep = (~done).nonzero()[:, 0]
-            active, best = active[keep], best[keep]
+            active, best, history = active[keep], best[keep], history[keep]
             cache = select_rows(cache, keep)
         prev = best
     return Hypotheses(tokens, scores)
+

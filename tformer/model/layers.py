@@ -99,12 +99,16 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
     ) -> DecoderLayerOutput:
         """x (B, T, D); self_mask (B, 1, T, T_total) or None (one new position sees all the past);
-        cross_kv: the memory's keys/values from `cross_attn.project_kv`; cross_mask (B, 1, 1, S)."""
+        cross_kv: the memory's keys/values from `cross_attn.project_kv`; cross_mask (B, 1, 1, S). x may hold
+        N = B x K rows (K hypotheses per sentence, consecutive) against B rows of memory."""
         a = self.self_attn(self.res_self.inp(x), mask=self_mask, bias=self_bias, past=past,
                            need_weights=need_weights)
         x = self.res_self.out(x, a.out)
-        c = self.cross_attn(self.res_cross.inp(x), static_kv=cross_kv, mask=cross_mask, bias=cross_bias,
-                            need_weights=need_weights)
-        x = self.res_cross.out(x, c.out)
+        q = self.res_cross.inp(x)  # (N, T, D)
+        B = cross_kv[0].shape[0]
+        if q.shape[0] != B:  # N = B x K hypotheses share their sentence's memory: fold them into its queries
+            q = q.reshape(B, -1, q.shape[-1])  # (B, K*T, D)
+        c = self.cross_attn(q, static_kv=cross_kv, mask=cross_mask, bias=cross_bias, need_weights=need_weights)
+        x = self.res_cross.out(x, c.out.reshape(x.shape))
         x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
         return DecoderLayerOutput(x, a.kv, a.weights, c.weights)

@@ -139,19 +139,23 @@ class Transformer(nn.Module):
         return cache
 
     def decode_step(self, tokens: Tensor, cache: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        """tokens (B,) at the next position -> logits (B, V) and the cache with this position added."""
-        t = cache["0.self.k"].shape[2] if "0.self.k" in cache else 0  # positions decoded so far
-        x = self.tgt_embed(tokens[:, None], offset=t)  # (B, 1, D)
+        """tokens (N,) at the next position -> logits (N, V) and the cache with this position added.
+
+        The cache's source mask and cross-attention keys/values have one row per sentence (B); the
+        self-attention entries ("hyp.*") one row per hypothesis, N = B x K with a sentence's K hypotheses
+        in consecutive rows: they all read their sentence's memory, which is never copied per beam."""
+        t = cache["hyp.0.self.k"].shape[2] if "hyp.0.self.k" in cache else 0  # positions decoded so far
+        x = self.tgt_embed(tokens[:, None], offset=t)  # (N, 1, D)
         cross_mask = encoder_mask(cache["src_mask"])  # (B, 1, 1, S)
         new = {"src_mask": cache["src_mask"]}
         for i, layer in enumerate(self.decoder_layers):
-            past = (cache[f"{i}.self.k"], cache[f"{i}.self.v"]) if t else None
+            past = (cache[f"hyp.{i}.self.k"], cache[f"hyp.{i}.self.v"]) if t else None
             kv = (cache[f"{i}.cross.k"], cache[f"{i}.cross.v"])
             out = layer(x, None, kv, cross_mask, past=past)  # the new position sees every earlier one
-            x = out.x  # (B, 1, D)
-            new[f"{i}.self.k"], new[f"{i}.self.v"] = out.self_kv  # (B, H, t+1, Dh)
+            x = out.x  # (N, 1, D)
+            new[f"hyp.{i}.self.k"], new[f"hyp.{i}.self.v"] = out.self_kv  # (N, H, t+1, Dh)
             new[f"{i}.cross.k"], new[f"{i}.cross.v"] = kv
-        return self.generator(self.decoder_norm(x[:, 0])), new  # (B, V)
+        return self.generator(self.decoder_norm(x[:, 0])), new  # (N, V)
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> Transformer:

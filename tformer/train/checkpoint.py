@@ -6,6 +6,7 @@
         trainer.json            step, epoch, position in the epoch, optimizer hyper-parameters, metrics
         config.yaml             the full configuration
         vocab.src.txt, vocab.tgt.txt
+        spm.src.model, spm.tgt.model   SentencePiece tokenizers (translation task)
     RUN_DIR/checkpoints/latest, best     text files naming a checkpoint folder
 
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced
@@ -28,7 +29,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from tformer.config import Config, ConfigError, load_config, save_config
+from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
+
+Tokenizers = tuple[Tokenizer, Tokenizer]
 
 FORMAT = "tformer-checkpoint"
 FORMAT_VERSION = 1
@@ -89,7 +93,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     trainer: dict[str, Any],
     cfg: Config,
-    vocabs: tuple[Vocab, Vocab],
+    tokenizers: Tokenizers,
     best: bool = False,
     keep_last: int = 3,
 ) -> Path:
@@ -110,8 +114,7 @@ def save_checkpoint(
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             info["param_groups"] = groups
         save_config(cfg, tmp / "config.yaml")
-        vocabs[0].save(tmp / "vocab.src.txt")
-        vocabs[1].save(tmp / "vocab.tgt.txt")
+        save_tokenizers(tokenizers, tmp)
         _fsync_write(tmp / "trainer.json", json.dumps(info, indent=1).encode("utf-8"))  # written last
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -169,13 +172,46 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
     return complete[-1]
 
 
+def save_tokenizers(tokenizers: Tokenizers, folder: Path) -> None:
+    """vocab.{src,tgt}.txt always; spm.{src,tgt}.model for SentencePiece tokenizers."""
+    for side, tok in zip(("src", "tgt"), tokenizers):
+        tok.vocab.save(folder / f"vocab.{side}.txt")
+        if isinstance(tok, SubwordTokenizer):
+            tok.save(folder / f"spm.{side}.model")
+
+
+def load_tokenizers(folder: Path) -> Tokenizers:
+    out = []
+    for side in ("src", "tgt"):
+        try:
+            vocab = Vocab.load(folder / f"vocab.{side}.txt")
+            model = folder / f"spm.{side}.model"
+            tok = SubwordTokenizer.load(model) if model.exists() else WordTokenizer(vocab)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+        if tok.vocab != vocab:
+            raise CheckpointError(f"{model} and {folder / f'vocab.{side}.txt'} disagree: the checkpoint was "
+                                  "assembled from different runs")
+        out.append(tok)
+    if out[0].fingerprint() == out[1].fingerprint():
+        out[1] = out[0]
+    return out[0], out[1]
+
+
 @dataclass
 class Checkpoint:
     path: Path
     cfg: Config
-    src_vocab: Vocab
-    tgt_vocab: Vocab
+    tokenizers: Tokenizers
     trainer: dict[str, Any]
+
+    @property
+    def src_vocab(self) -> Vocab:
+        return self.tokenizers[0].vocab
+
+    @property
+    def tgt_vocab(self) -> Vocab:
+        return self.tokenizers[1].vocab
 
     def load_model_state(self, model: nn.Module) -> None:
         """Load the weights into `model`, rejecting missing, extra or mis-shaped tensors by name."""
@@ -221,4 +257,4 @@ def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] 
         cfg = load_config(ckpt / "config.yaml", overrides)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
-    return Checkpoint(ckpt, cfg, Vocab.load(ckpt / "vocab.src.txt"), Vocab.load(ckpt / "vocab.tgt.txt"), info)
+    return Checkpoint(ckpt, cfg, load_tokenizers(ckpt), info)

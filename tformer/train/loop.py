@@ -7,6 +7,7 @@ it, the optimizer and the RNG: `resume` continues exactly where the run stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -24,7 +25,8 @@ from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_
 from tformer.evaluation import evaluate
 from tformer.metrics import token_accuracy
 from tformer.model import Transformer, build_model
-from tformer.train.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint
+from tformer.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint,
+                                      save_tokenizers)
 from tformer.train.loss import label_smoothed_nll_loss
 from tformer.train.schedule import learning_rate
 
@@ -125,10 +127,12 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
 
 
 def _better(metrics: dict[str, float], best: dict[str, Any] | None) -> bool:
-    """Higher exact match wins; ties go to the lower validation loss."""
+    """Higher validation BLEU (translation) or exact match (synthetic tasks) wins; ties go to the lower
+    validation loss. Never the test set."""
     if best is None:
         return True
-    return (metrics.get("exact_match", 0.0), -metrics["loss"]) > (best.get("exact_match", 0.0), -best["loss"])
+    key = "bleu" if "bleu" in metrics else "exact_match"
+    return (metrics.get(key, 0.0), -metrics["loss"]) > (best.get(key, 0.0), -best["loss"])
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -163,12 +167,12 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
 
     torch.manual_seed(t.seed)
     data = load_task(cfg.data, ("train", "valid"), joint=cfg.model.share_embeddings,
-                     vocabs=(ckpt.src_vocab, ckpt.tgt_vocab) if ckpt else None)
-    vocabs = (data.src_vocab, data.tgt_vocab)
+                     tokenizers=ckpt.tokenizers if ckpt else None)
+    tokenizers = data.tokenizers
     model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab))
     optimizer = build_optimizer(model, cfg)
     state: dict[str, Any] = {"epoch": 0, "update_in_epoch": 0, "elapsed": 0.0, "best": None,
-                             "best_step": None, "reached_target": False}
+                             "best_step": None, "reached_target": False, "bad_evals": 0}
     step = 0
     if ckpt:
         ckpt.load_model_state(model)
@@ -178,13 +182,15 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         step = ckpt.trainer["step"]
         log.info("resumed from %s (step %d, epoch %d)", ckpt.path, step, state["epoch"])
     save_config(cfg, run_dir / "config.yaml")
-    data.src_vocab.save(run_dir / "vocab.src.txt")
-    data.tgt_vocab.save(run_dir / "vocab.tgt.txt")
+    save_tokenizers(tokenizers, run_dir)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %s parameters; train %d, valid %d examples; run folder %s", f"{n_params:,}",
              len(data.examples["train"]), len(data.examples["valid"]), run_dir)
 
     train_ex, valid_ex = data.examples["train"], data.examples["valid"]
+    valid_refs = data.texts["valid"][1] if cfg.data.task == "translation" else None
+    valid_decode = dataclasses.replace(cfg.decode, strategy="greedy" if t.valid_beam == 1 else "beam",
+                                       beam_size=t.valid_beam, nbest=1)
     src_lens, tgt_lens = model_lengths(train_ex)
     if ckpt:
         _truncate_metrics(run_dir / "metrics.jsonl", step)
@@ -204,21 +210,32 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         best = False
         if metrics is not None and _better(metrics, state["best"]):
             state["best"], state["best_step"], best = metrics, step, True
+        if metrics is not None:
+            state["bad_evals"] = 0 if best else state["bad_evals"] + 1
         state["elapsed"] = elapsed()
-        return save_checkpoint(run_dir, step, model, optimizer, dict(state), cfg, vocabs, best=best,
+        return save_checkpoint(run_dir, step, model, optimizer, dict(state), cfg, tokenizers, best=best,
                                keep_last=t.keep_last)
 
     def run_eval() -> dict[str, Any]:
         nonlocal last_eval_step
-        metrics, _ = evaluate(model, valid_ex, cfg)
+        tic = time.perf_counter()
+        metrics, _ = evaluate(model, valid_ex, cfg, decode=valid_decode, references=valid_refs,
+                              tokenizer=tokenizers[1])
+        metrics["eval_seconds"] = time.perf_counter() - tic
         last_eval_step = step
-        if t.target_exact_match and metrics["exact_match"] >= t.target_exact_match:
+        if t.target_exact_match and metrics.get("exact_match", 0.0) >= t.target_exact_match:
             state["reached_target"] = True
         write({"kind": "valid", "step": step, "epoch": state["epoch"], "elapsed": round(elapsed(), 2),
                **{k: round(v, 6) for k, v in metrics.items()}})
-        log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  exact match %.4f", step, metrics["loss"],
-                 metrics["ppl"], metrics["token_acc"], metrics["exact_match"])
+        scores = (f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}" if "bleu" in metrics
+                  else f"exact match {metrics['exact_match']:.4f}")
+        log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  %s  (%.0f s)", step, metrics["loss"],
+                 metrics["ppl"], metrics["token_acc"], scores, metrics["eval_seconds"])
         checkpoint(metrics)
+        if t.patience and state["bad_evals"] >= t.patience:
+            state["patience_out"] = True
+            log.info("no better validation %s in %d evaluations: stopping early (best: step %s)",
+                     "BLEU" if "bleu" in metrics else "score", t.patience, state["best_step"])
         model.train()
         return metrics
 
@@ -253,13 +270,14 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                                  state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"])
                 if t.eval_every and step % t.eval_every == 0:
                     run_eval()
-                stop = state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
+                stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
+                        or state.get("patience_out", False))
             if state["update_in_epoch"] >= len(updates):
                 state["epoch"] += 1
                 state["update_in_epoch"] = 0
                 if not t.eval_every:
                     run_eval()
-                    stop = stop or state["reached_target"]
+                    stop = stop or state["reached_target"] or state.get("patience_out", False)
         if sigint.requested:
             path = checkpoint(None)
             log.warning("interrupted at step %d: saved %s; continue with --resume", step, path)

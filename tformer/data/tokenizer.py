@@ -1,0 +1,113 @@
+"""Text <-> ids. `SubwordTokenizer` wraps a SentencePiece model trained here (ids 0..3 are <pad>, <s>, </s>,
+<unk>, the same as `Vocab`, so SentencePiece ids are model ids); `WordTokenizer` splits on whitespace and
+looks words up in a `Vocab` (the synthetic tasks and pre-tokenised text).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from pathlib import Path
+from typing import Iterable, Protocol
+
+from tformer.data.vocab import SPECIALS, Vocab
+
+log = logging.getLogger("tformer")
+
+
+class Tokenizer(Protocol):
+    vocab: Vocab
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def fingerprint(self) -> str: ...
+
+
+class WordTokenizer:
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self.vocab.encode(text.split())
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return " ".join(self.vocab.decode(ids))
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256("\n".join(self.vocab.itos).encode("utf-8")).hexdigest()
+
+
+class SubwordTokenizer:
+    """A SentencePiece model (BPE or unigram) whose ids are the model's ids."""
+
+    def __init__(self, model_bytes: bytes, name: str = "<memory>") -> None:
+        import sentencepiece as spm
+
+        self.model_bytes = model_bytes
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(model_bytes)
+        except (RuntimeError, OSError) as e:
+            raise ValueError(f"{name} is not a SentencePiece model ({e})") from None
+        pieces = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
+        if tuple(pieces[:4]) != SPECIALS:
+            raise ValueError(f"{name}: SentencePiece ids 0..3 must be {', '.join(SPECIALS)}, found "
+                             f"{', '.join(pieces[:4])}; train it with `tformer` or with pad_id=0 bos_id=1 "
+                             "eos_id=2 unk_id=3")
+        self.vocab = Vocab(pieces[4:])
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SubwordTokenizer":
+        path = Path(path)
+        try:
+            return cls(path.read_bytes(), str(path))
+        except FileNotFoundError:
+            raise ValueError(f"tokenizer file {path} does not exist") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_bytes(self.model_bytes)
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.sp.encode(texts)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        out = []
+        for i in ids:
+            if i == Vocab.eos:
+                break
+            if i > Vocab.eos:  # drop <pad> and <s>
+                out.append(int(i))
+        return self.sp.decode(out)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.model_bytes).hexdigest()
+
+
+def train_sentencepiece(sentences: list[str], vocab_size: int, model_type: str = "bpe",
+                        character_coverage: float = 1.0, seed_name: str = "") -> SubwordTokenizer:
+    """Train on `sentences` (the training split only). Deterministic: the input is written in the given
+    order, sampling and shuffling are off and one thread trains."""
+    import sentencepiece as spm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "train.txt"
+        text.write_text("".join(s + "\n" for s in sentences if s), encoding="utf-8")
+        prefix = Path(tmp) / "spm"
+        try:
+            spm.SentencePieceTrainer.train(
+                input=str(text), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage, pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+                pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
+                input_sentence_size=0, shuffle_input_sentence=False, num_threads=1,
+                max_sentence_length=1 << 16, minloglevel=2,
+            )
+        except RuntimeError as e:
+            raise ValueError(f"SentencePiece could not train a {vocab_size}-piece {model_type} vocabulary"
+                             f"{' for ' + seed_name if seed_name else ''}: {e}; lower data.vocab_size") from None
+        return SubwordTokenizer((prefix.with_suffix(".model")).read_bytes(), "trained model")

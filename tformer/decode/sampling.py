@@ -1,0 +1,68 @@
+"""Ancestral sampling with temperature, top-k and top-p (nucleus) filtering.
+
+Each sentence draws from its own generator seeded by (seed, sentence index, sample), so a sentence's samples
+do not depend on the batch it is decoded in."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tformer.decode.common import Cache, NBest, StepFn, forbid, select_rows
+
+
+def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """(N, V) logits -> log-probabilities of the filtered, renormalised distribution (-inf outside it)."""
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs  # probability mass strictly ahead of each token
+        drop_sorted = before >= top_p  # keep the smallest prefix reaching top_p (the top token always stays)
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids: list[int], n: int = 1,
+           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, min_len: int = 0,
+           no_repeat_ngram: int = 0) -> NBest:
+    """`n` independent samples per sentence; `ids` (B,) are the sentences' indices in their input, which
+    seed their generators. Scores are the samples' log-probabilities under the filtered distribution."""
+    B = max_len.shape[0]
+    device = max_len.device
+    gens = [torch.Generator().manual_seed(seed * 1_000_003 + i * 1_009 + j) for i in ids for j in range(n)]
+    out: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    hyp_sent = torch.arange(B, device=device).repeat_interleave(n)  # (N,) sentence of each row
+    cache = select_rows(cache, hyp_sent)  # rows finish independently: each gets its own copy
+    live = torch.arange(B * n, device=device)  # (N_live,) original row
+    prev = torch.full((B * n,), bos, dtype=torch.long, device=device)
+    history = torch.empty((B * n, 0), dtype=torch.long, device=device)
+    total = torch.zeros(B * n)
+    t = 0
+    while live.numel():
+        logits, cache = step(prev, cache)  # (N_live, V)
+        allowed = forbid(logits.float().clone(), history, t, eos, min_len, no_repeat_ngram)  # -inf logits
+        logp = filter_logits(allowed, temperature, top_k, top_p)
+        probs = logp.exp().cpu()
+        u = torch.stack([torch.rand((), generator=gens[r]) for r in live.tolist()])  # (N_live,)
+        cdf = probs.cumsum(-1)
+        tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=probs.shape[-1] - 1)[:, 0]
+        tok = tok.to(device)
+        total[live.cpu()] += logp.gather(1, tok[:, None])[:, 0].cpu()
+        t += 1
+        history = torch.cat([history, tok[:, None]], dim=1)
+        done = (tok == eos) | (t >= max_len[hyp_sent[live]])
+        for i in done.nonzero()[:, 0].tolist():
+            r = int(live[i])
+            toks = history[i].tolist()
+            out[r // n].append((float(total[r]), toks[:-1] if toks[-1] == eos else toks))
+        if done.any():
+            keep = (~done).nonzero()[:, 0]
+            live, history, tok = live[keep], history[keep], tok[keep]
+            cache = select_rows(cache, keep)
+        prev = tok
+    return NBest([[h[1] for h in hyps] for hyps in out], [[h[0] for h in hyps] for hyps in out])
