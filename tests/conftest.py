@@ -1,3 +1,7 @@
+import gzip
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,3 +24,32 @@ def tiny_config(**model) -> Config:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+SHARED_DATA = Path(os.environ.get("TFORMER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The offline corpora (../shared/data, or $TFORMER_SHARED_DATA); tests skip, saying why, without them."""
+    if not (SHARED_DATA / "multi30k" / "train.en.gz").exists():
+        pytest.skip(f"real corpora not found in {SHARED_DATA}; set TFORMER_SHARED_DATA to the shared/data folder")
+    return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Encoded-data cache in a temporary folder, never the user's ~/.cache."""
+    monkeypatch.setenv("TFORMER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def small_multi30k(shared: Path, out: Path, n_train: int = 3000, n_eval: int = 200) -> Path:
+    """The first lines of Multi30k train/val/test2016 (real text, gzip like the originals) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("val", n_eval), ("test2016", n_eval)):
+        for lang in ("en", "de"):
+            with gzip.open(shared / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            with gzip.open(out / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.writelines(lines)
+    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
+import io
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -95,19 +95,16 @@ def train_sentencepiece(sentences: list[str], vocab_size: int, model_type: str =
     order, sampling and shuffling are off and one thread trains."""
     import sentencepiece as spm
 
-    with tempfile.TemporaryDirectory() as tmp:
-        text = Path(tmp) / "train.txt"
-        text.write_text("".join(s + "\n" for s in sentences if s), encoding="utf-8")
-        prefix = Path(tmp) / "spm"
-        try:
-            spm.SentencePieceTrainer.train(
-                input=str(text), model_prefix=str(prefix), vocab_size=vocab_size, model_type=model_type,
-                character_coverage=character_coverage, pad_id=0, bos_id=1, eos_id=2, unk_id=3,
-                pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
-                input_sentence_size=0, shuffle_input_sentence=False, num_threads=1,
-                max_sentence_length=1 << 16, minloglevel=2,
-            )
-        except RuntimeError as e:
-            raise ValueError(f"SentencePiece could not train a {vocab_size}-piece {model_type} vocabulary"
-                             f"{' for ' + seed_name if seed_name else ''}: {e}; lower data.vocab_size") from None
-        return SubwordTokenizer((prefix.with_suffix(".model")).read_bytes(), "trained model")
+    buf = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(  # from memory to memory: no file path ends up inside the model
+            sentence_iterator=iter([s for s in sentences if s]), model_writer=buf, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage, pad_id=0, bos_id=1, eos_id=2,
+            unk_id=3, pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
+            input_sentence_size=0, shuffle_input_sentence=False, num_threads=1, max_sentence_length=1 << 16,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise ValueError(f"SentencePiece could not train a {vocab_size}-piece {model_type} vocabulary"
+                         f"{' for ' + seed_name if seed_name else ''}: {e}; lower data.vocab_size") from None
+    return SubwordTokenizer(buf.getvalue(), "trained model")
