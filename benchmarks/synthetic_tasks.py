@@ -43,7 +43,7 @@ def main() -> None:
         best = max(valid, key=lambda r: (r["exact_match"], -r["loss"]))
         first_best = next(r for r in valid if r["exact_match"] == best["exact_match"])
         ckpt, model = load_model(run_dir, which="best")
-        data = load_task(ckpt.cfg.data, ("test",), vocabs=(ckpt.src_vocab, ckpt.tgt_vocab))
+        data = load_task(ckpt.cfg.data, ("test",), tokenizers=ckpt.tokenizers)
         test, _ = evaluate(model, data.examples["test"], ckpt.cfg)
         rows.append(f"| {task} | {result.step} | {result.elapsed:.0f} s | {best['exact_match']:.4f} | step "
                     f"{first_best['step']}, {first_best['elapsed']:.0f} s | **{test['exact_match']:.4f}** | "

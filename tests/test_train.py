@@ -125,3 +125,16 @@ def test_resume_survives_a_metrics_record_cut_short_by_a_crash(tmp_path):
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == sorted(steps) and len(steps) == len(set(steps))  # no step logged twice
     assert records[-1]["kind"] == "valid" and records[-1]["step"] == result.step
+
+
+def test_patience_stops_when_validation_stops_improving(tmp_path):
+    """With a learning rate of ~0 nothing improves after the first evaluation: patience 2 stops at the
+    third evaluation, and the best checkpoint stays the first."""
+    cfg = tiny_config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, schedule="constant", lr=1e-12, eval_every=1,
+                                                             max_steps=50, patience=2, epochs=5))
+    result = train(cfg, tmp_path / "run")
+    valid = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    valid = [r for r in valid if r["kind"] == "valid"]
+    assert result.step == 3 and [r["step"] for r in valid] == [1, 2, 3]
+    assert (tmp_path / "run" / "checkpoints" / "best").read_text().strip() == "step_0000001"

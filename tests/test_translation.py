@@ -195,3 +195,27 @@ def test_train_evaluate_translate_average(corpus, tmp_path):
 def test_share_embeddings_needs_a_joint_vocabulary(corpus):
     with pytest.raises(ValueError, match="data.joint_vocab=true"):
         load_task(dataclasses.replace(_data_cfg(corpus), joint_vocab=False), ("train",), joint=True)
+
+
+def test_resume_reuses_the_run_tokenizer_and_bad_tokenizer_files_are_named(corpus, tmp_path, monkeypatch):
+    from tformer.data import translation
+    from tformer.train.checkpoint import CheckpointError, load_checkpoint
+    from tformer.train.loop import train
+
+    cfg = Config(model=ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1),
+                 data=_data_cfg(corpus, vocab_size=200),
+                 train=TrainConfig(max_tokens=1000, max_steps=2, eval_every=2, log_every=1, warmup=2))
+    train(cfg, tmp_path / "run")
+    first = (tmp_path / "run" / "spm.src.model").read_bytes()
+
+    def no_training(*a, **k):
+        raise AssertionError("resume must not train a new tokenizer")
+
+    monkeypatch.setattr(translation, "train_sentencepiece", no_training)
+    resumed = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=3)), tmp_path / "run",
+                    resume=True)
+    assert resumed.step == 3 and (tmp_path / "run" / "spm.src.model").read_bytes() == first
+    ckpt_dir = resumed.checkpoint
+    (ckpt_dir / "spm.tgt.model").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match=r"spm\.tgt\.model is not a SentencePiece model"):
+        load_checkpoint(ckpt_dir)
