@@ -112,3 +112,27 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     r = tformer("train", "--run-dir", run, "--resume", "train.max_steps=" + str(step + 2))
     assert r.returncode == 0, r.stderr
     assert f"resumed from {run / 'checkpoints' / latest} (step {step}," in r.stderr
+
+
+def test_translate_answers_line_by_line_on_a_terminal(run_dir):
+    """stdin a terminal: each line is translated as soon as it is typed, before end of input."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "tformer", "translate", "--checkpoint", str(run_dir)], stdin=slave,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.close(slave)
+    try:
+        os.write(master, b"a b c\n")
+        first = p.stdout.readline()  # arrives while the input is still open
+        os.write(master, b"\n")
+        second = p.stdout.readline()
+        os.write(master, b"\x04")  # Ctrl-D
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill() if p.poll() is None else None
+        os.close(master)
+    assert first.strip() and all(tok in "abcdef" or tok == "<unk>" for tok in first.split())
+    assert second == "\n"  # an empty line answers with an empty line
+    assert "one sentence per line" in p.stderr.read()
