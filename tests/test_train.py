@@ -58,7 +58,7 @@ def test_resume_continues_exactly(tmp_path):
     assert resumed.step == full.step
     a = load_checkpoint(tmp_path / "full", which="latest")
     b = load_checkpoint(tmp_path / "split", which="latest")
-    ma, mb = build_model(cfg.model, len(a.src_vocab), len(a.tgt_vocab)), build_model(cfg.model, 12, 12)
+    ma, mb = build_model(cfg.model, *(len(t.vocab) for t in a.tokenizers)), build_model(cfg.model, 12, 12)
     a.load_model_state(ma)
     b.load_model_state(mb)
     for (name, pa), pb in zip(ma.state_dict().items(), mb.state_dict().values()):

@@ -40,6 +40,6 @@ def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfi
 def load_model(path: str, which: str = "best", overrides: list[str] = ()) -> tuple[Checkpoint, Transformer]:
     """A run folder's `which` checkpoint (or a checkpoint folder) as a model in eval mode."""
     ckpt = load_checkpoint(path, which=which, overrides=overrides)
-    model = build_model(ckpt.cfg.model, len(ckpt.src_vocab), len(ckpt.tgt_vocab))
+    model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
     ckpt.load_model_state(model)
     return ckpt, model.eval()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import torch
 from torch import Tensor
 
 Cache = dict[str, Tensor]

@@ -202,16 +202,8 @@ def load_tokenizers(folder: Path) -> Tokenizers:
 class Checkpoint:
     path: Path
     cfg: Config
-    tokenizers: Tokenizers
+    tokenizers: Tokenizers  # (source, target); each has .vocab
     trainer: dict[str, Any]
-
-    @property
-    def src_vocab(self) -> Vocab:
-        return self.tokenizers[0].vocab
-
-    @property
-    def tgt_vocab(self) -> Vocab:
-        return self.tokenizers[1].vocab
 
     def load_model_state(self, model: nn.Module) -> None:
         """Load the weights into `model`, rejecting missing, extra or mis-shaped tensors by name."""
