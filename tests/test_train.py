@@ -138,3 +138,10 @@ def test_patience_stops_when_validation_stops_improving(tmp_path):
     valid = [r for r in valid if r["kind"] == "valid"]
     assert result.step == 3 and [r["step"] for r in valid] == [1, 2, 3]
     assert (tmp_path / "run" / "checkpoints" / "best").read_text().strip() == "step_0000001"
+
+
+def test_max_hours_stops_after_the_update_that_crosses_it(tmp_path):
+    cfg = tiny_config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_hours=1e-9, epochs=3))
+    result = train(cfg, tmp_path / "run")
+    assert result.step == 1 and result.best is not None  # evaluated and saved before stopping

@@ -121,6 +121,7 @@ class TrainConfig:
     max_sentences: int = 0  # 0 = no limit
     epochs: int = 20
     max_steps: int = 0  # optimizer updates; 0 = no limit
+    max_hours: float = 0.0  # stop (after saving) once the run's wall time, evaluations included, reaches this
     accum_steps: int = 1  # batches per optimizer update
     schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
     lr: float = 1.0  # noam: the factor; inverse_sqrt/constant: the peak learning rate
@@ -144,6 +145,7 @@ class TrainConfig:
         for name in ("max_sentences", "max_steps", "warmup", "eval_every", "threads", "patience"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _check(self.max_hours >= 0, "train.max_hours", f"must be >= 0, got {self.max_hours}")
         _check(self.schedule != "noam" or self.warmup >= 1, "train.warmup", "noam needs warmup >= 1")
         _check(all(0 <= b < 1 for b in self.betas), "train.betas", f"must be in [0, 1), got {self.betas}")
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing",

@@ -202,6 +202,12 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     def elapsed() -> float:
         return elapsed0 + time.perf_counter() - session_start
 
+    def out_of_time() -> bool:
+        if t.max_hours and elapsed() >= t.max_hours * 3600:
+            log.info("train.max_hours=%g reached at step %d", t.max_hours, step)
+            return True
+        return False
+
     def write(record: dict[str, Any]) -> None:
         metrics_log.write(json.dumps(record) + "\n")
         metrics_log.flush()
@@ -271,7 +277,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                 if t.eval_every and step % t.eval_every == 0:
                     run_eval()
                 stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
-                        or state.get("patience_out", False))
+                        or state.get("patience_out", False) or out_of_time())
             if state["update_in_epoch"] >= len(updates):
                 state["epoch"] += 1
                 state["update_in_epoch"] = 0
