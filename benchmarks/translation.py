@@ -41,7 +41,9 @@ def training_summary(run_dir: Path) -> tuple[float, float, int]:
     """(wall seconds of training incl. evaluations, mean training tokens/s, steps) from metrics.jsonl."""
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     train = [r for r in recs if r["kind"] == "train"]
-    return max(r["elapsed"] for r in recs), sum(r["tok_per_s"] for r in train) / len(train), train[-1]["step"]
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    info = json.loads((latest / "trainer.json").read_text())  # the last save: a run stopped by Ctrl-C included
+    return info["elapsed"], sum(r["tok_per_s"] for r in train) / len(train), info["step"]
 
 
 def quality(args) -> None:
