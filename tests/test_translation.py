@@ -219,3 +219,20 @@ def test_resume_reuses_the_run_tokenizer_and_bad_tokenizer_files_are_named(corpu
     (ckpt_dir / "spm.tgt.model").write_bytes(b"\x00garbage")
     with pytest.raises(CheckpointError, match=r"spm\.tgt\.model is not a SentencePiece model"):
         load_checkpoint(ckpt_dir)
+
+
+def test_tsv_corpus_through_load_task(shared_data, tmp_path):
+    with gzip.open(shared_data / "fra-eng" / "fra.txt.gz", "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(3000)]
+    (tmp_path / "fra.txt").write_text("".join(lines), encoding="utf-8")
+    cfg = DataConfig(task="translation", format="tsv", tsv=str(tmp_path / "fra.txt"), tgt_lang="fr",
+                     valid_size=100, test_size=200, vocab_size=300)
+    data = load_task(cfg)
+    sizes = {k: len(v[0]) for k, v in data.texts.items()}
+    assert sum(sizes.values()) == 3000 and sizes["test"] >= 200 and sizes["valid"] >= 100
+    assert not set(data.texts["test"][0]) & set(data.texts["train"][0])  # grouped by English sentence
+    assert ("Go.", "Va !") in set(zip(*data.texts["train"])) | set(zip(*data.texts["valid"])) | \
+        set(zip(*data.texts["test"]))
+    missing = dataclasses.replace(cfg, tsv=str(tmp_path / "nope.txt"))
+    with pytest.raises(ValueError, match=r"nope\.txt does not exist; check data\.tsv"):
+        load_task(missing)

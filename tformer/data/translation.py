@@ -7,6 +7,7 @@ normalisation, the split settings, the tokenizer model and the filter settings.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -48,11 +49,21 @@ def corpus_files(cfg: DataConfig, split: str) -> list[Path]:
     return [_file_for(Path(cfg.dir), prefix, cfg.src_lang), _file_for(Path(cfg.dir), prefix, cfg.tgt_lang)]
 
 
+@functools.lru_cache(maxsize=2)
+def _tsv_splits(path: Path, columns: tuple[int, int], valid_size: int, test_size: int, seed: int,
+                mtime_ns: int) -> dict[str, Corpus]:
+    """Read and split a TSV file once for all its splits (keyed by its modification time too)."""
+    return split_corpus(read_tsv(path, *columns), valid_size, test_size, seed)
+
+
 def read_split(cfg: DataConfig, split: str) -> Corpus:
     files = corpus_files(cfg, split)
     if cfg.format == "tsv":
-        corpus = read_tsv(files[0], *cfg.tsv_columns)
-        return split_corpus(corpus, cfg.valid_size, cfg.test_size, cfg.seed)[split]
+        path = files[0].resolve()
+        if not path.is_file():
+            raise ValueError(f"{files[0]} does not exist; check data.tsv")
+        return _tsv_splits(path, cfg.tsv_columns, cfg.valid_size, cfg.test_size, cfg.seed,
+                           path.stat().st_mtime_ns)[split]
     return read_aligned(*files)
 
 

@@ -198,6 +198,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     session_start = time.perf_counter()
     elapsed0 = state["elapsed"]
     last_eval_step = step if ckpt else -1
+    stop_early = False  # set by run_eval when train.patience runs out
 
     def elapsed() -> float:
         return elapsed0 + time.perf_counter() - session_start
@@ -223,7 +224,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                                keep_last=t.keep_last)
 
     def run_eval() -> dict[str, Any]:
-        nonlocal last_eval_step
+        nonlocal last_eval_step, stop_early
         tic = time.perf_counter()
         metrics, _ = evaluate(model, valid_ex, cfg, decode=valid_decode, references=valid_refs,
                               tokenizer=tokenizers[1])
@@ -239,7 +240,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                  metrics["ppl"], metrics["token_acc"], scores, metrics["eval_seconds"])
         checkpoint(metrics)
         if t.patience and state["bad_evals"] >= t.patience:
-            state["patience_out"] = True
+            stop_early = True
             log.info("no better validation %s in %d evaluations: stopping early (best: step %s)",
                      "BLEU" if "bleu" in metrics else "score", t.patience, state["best_step"])
         model.train()
@@ -277,13 +278,13 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                 if t.eval_every and step % t.eval_every == 0:
                     run_eval()
                 stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
-                        or state.get("patience_out", False) or out_of_time())
+                        or stop_early or out_of_time())
             if state["update_in_epoch"] >= len(updates):
                 state["epoch"] += 1
                 state["update_in_epoch"] = 0
                 if not t.eval_every:
                     run_eval()
-                    stop = stop or state["reached_target"] or state.get("patience_out", False)
+                    stop = stop or state["reached_target"] or stop_early
         if sigint.requested:
             path = checkpoint(None)
             log.warning("interrupted at step %d: saved %s; continue with --resume", step, path)
