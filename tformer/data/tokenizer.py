@@ -6,14 +6,12 @@ looks words up in a `Vocab` (the synthetic tasks and pre-tokenised text).
 from __future__ import annotations
 
 import hashlib
-import logging
 import io
 from pathlib import Path
 from typing import Iterable, Protocol
 
 from tformer.data.vocab import SPECIALS, Vocab
 
-log = logging.getLogger("tformer")
 
 
 class Tokenizer(Protocol):
