@@ -28,6 +28,23 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 
 @dataclass(frozen=True)
+class StructureConfig:
+    """Which positions of a sentence self-attention connects (see tformer.structures); default: all."""
+
+    window: int = 0  # keys within +-window positions; 0 = no limit
+    dilation: int = 1  # step between window positions (window 0: every dilation-th position)
+    global_tokens: int = 0  # the first positions attend to, and are attended by, every position
+    edges: str = ""  # a file of 'query key' position pairs, or module:function(length) -> pairs
+
+    def __post_init__(self) -> None:
+        for name in ("window", "global_tokens"):
+            _check(getattr(self, name) >= 0, f"structure.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _check(self.dilation >= 1, "structure.dilation", f"must be >= 1, got {self.dilation}")
+        _check(not self.edges or (self.window, self.dilation, self.global_tokens) == (0, 1, 0),
+               "structure.edges", "an edge list is the whole pattern; leave window, dilation and global_tokens unset")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     d_model: int = 256
     n_heads: int = 4
@@ -42,7 +59,10 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
     positions: Literal["sinusoidal", "learned"] = "sinusoidal"
     max_positions: int = 1024  # table size for learned positions (sinusoidal has no limit)
-    attention: Literal["sdpa", "dense"] = "sdpa"  # kernel; may change after training
+    attention: Literal["sdpa", "dense", "graph"] = "sdpa"  # kernel; may change after training (graph: packed,
+    # no padding, attention as message passing over edges)
+    encoder_structure: StructureConfig = field(default_factory=StructureConfig)  # encoder self-attention
+    decoder_structure: StructureConfig = field(default_factory=StructureConfig)  # decoder self-attn (+ causal)
     share_embeddings: bool = False  # one table for source and target (needs a joint vocabulary)
     tie_generator: bool = True  # output projection shares the target embedding
 

@@ -9,8 +9,13 @@ Shapes: B batch, S source length, T target length.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from tformer.structures import Structure
 
 
 def padding_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
@@ -34,3 +39,139 @@ def decoder_mask(tgt_mask: Tensor) -> Tensor:
     """Target self-attention: (B, T) -> (B, 1, T, T), real keys at or before the query."""
     T = tgt_mask.shape[1]
     return causal_mask(T, tgt_mask.device)[None, None] & tgt_mask[:, None, None, :]  # (B, 1, T, T)
+
+
+# --------------------------------------------------------------------------- graphs
+#
+# A graph is the sparse form of a mask: an edge key -> query for every True entry. Nodes are the rows of
+# flattened (batch x length) tensors: query node b * T + t, key node b * S + s for padded (B, T) / (B, S)
+# storage, or consecutive packed tokens (B = 1, sentences back to back). Nodes without incoming edges (the
+# padding) get a zero output from the graph kernel. Notation: E edges, N nodes, L sentence length.
+
+
+class Segments(NamedTuple):
+    """Dense blocks that hold every edge of a graph: segment i connects queries q_start[i] .. + q_len[i] - 1 to
+    keys k_start[i] .. + k_len[i] - 1, the (query, key) position pairs `pattern(q_len, k_len)` lists (None: all).
+    The seed's graphs are one segment per sentence; the graph kernel computes them densely, segment by
+    segment, with no padding and no waste when the pattern is full."""
+
+    q_start: Tensor  # (B,)
+    q_len: Tensor  # (B,)
+    k_start: Tensor  # (B,)
+    k_len: Tensor  # (B,)
+    pattern: Callable[[int, int], Tensor] | None = None  # (Lq, Lk) -> (E_s, 2) int64 position pairs
+
+
+class Graph:
+    """Edges key -> query over flattened nodes; no edge appears twice. What the graph kernel computes on.
+
+    Built from an edge list (`query`, `key`) or from `segments`, whose edges are listed on first use.
+    `plans` keeps what the kernel derives from the graph once, so every layer of a forward shares it."""
+
+    def __init__(self, n_queries: int, n_keys: int, query: Tensor | None = None, key: Tensor | None = None,
+                 segments: Segments | None = None) -> None:
+        assert (query is None) == (key is None) and (query is not None or segments is not None)
+        assert query is None or (query.shape == key.shape and query.dim() == 1), "one query and one key per edge"
+        self.n_queries, self.n_keys, self.segments = n_queries, n_keys, segments
+        self._edges = None if query is None else (query, key)
+        self.plans: dict = {}
+
+    def __repr__(self) -> str:
+        return f"Graph({self.n_queries} queries, {self.n_keys} keys, {self.n_edges} edges)"
+
+    @property
+    def edges(self) -> tuple[Tensor, Tensor]:
+        """(query (E,), key (E,)) int64."""
+        if self._edges is None:
+            self._edges = _segment_edges(self.segments)
+        return self._edges
+
+    @property
+    def query(self) -> Tensor:
+        return self.edges[0]
+
+    @property
+    def key(self) -> Tensor:
+        return self.edges[1]
+
+    @property
+    def n_edges(self) -> int:
+        if self._edges is None and self.segments.pattern is None:
+            return int((self.segments.q_len * self.segments.k_len).sum())
+        return self.query.numel()
+
+    def dense(self) -> Tensor:
+        """(n_queries, n_keys) bool: the equivalent mask, True = may attend (for tests and pictures)."""
+        mask = torch.zeros(self.n_queries, self.n_keys, dtype=torch.bool, device=self.query.device)
+        mask[self.query, self.key] = True
+        return mask
+
+
+def _segment_edges(seg: Segments) -> tuple[Tensor, Tensor]:
+    if seg.pattern is None:  # every pair: vectorised ranges
+        q_nodes = torch.repeat_interleave(seg.q_start, seg.q_len) + packed_positions(seg.q_len)  # (Nq,)
+        sentence = torch.repeat_interleave(torch.arange(seg.q_len.numel(), device=seg.q_len.device), seg.q_len)
+        return _ranges(q_nodes, seg.k_start[sentence], seg.k_len[sentence])
+    queries, keys = [], []
+    pairs = torch.stack([seg.q_len, seg.k_len], 1)  # (B, 2)
+    for lq, lk in torch.unique(pairs, dim=0).tolist():  # one template per distinct shape
+        rows = ((seg.q_len == lq) & (seg.k_len == lk)).nonzero()[:, 0]  # (n,)
+        i, j = seg.pattern(lq, lk).to(seg.q_len.device).unbind(1)  # (E_s,) each
+        queries.append((seg.q_start[rows, None] + i[None]).reshape(-1))
+        keys.append((seg.k_start[rows, None] + j[None]).reshape(-1))
+    return torch.cat(queries), torch.cat(keys)
+
+
+def graph_from_mask(mask: Tensor) -> Graph:
+    """(B, T, S) or (T, S) bool mask -> the graph of its True entries over nodes b * T + t, b * S + s."""
+    mask = mask if mask.dim() == 3 else mask[None]
+    B, T, S = mask.shape
+    b, t, s = mask.nonzero(as_tuple=True)
+    return Graph(B * T, B * S, b * T + t, b * S + s)
+
+
+def offsets_of(lengths: Tensor) -> Tensor:
+    """(B,) lengths -> (B,) first node of each sentence when packed back to back."""
+    return torch.cumsum(lengths, 0) - lengths
+
+
+def packed_positions(lengths: Tensor) -> Tensor:
+    """(B,) lengths -> (N,) position of every packed token inside its sentence."""
+    n = int(lengths.sum())
+    return torch.arange(n, device=lengths.device) - torch.repeat_interleave(offsets_of(lengths), lengths, 0)
+
+
+def _ranges(q_nodes: Tensor, k_start: Tensor, k_count: Tensor) -> tuple[Tensor, Tensor]:
+    """Query node q_nodes[i] attends keys k_start[i] .. k_start[i] + k_count[i] - 1 (vectorised)."""
+    query = torch.repeat_interleave(q_nodes, k_count)  # (E,)
+    first = torch.cumsum(k_count, 0) - k_count  # (Nq,) first edge of each query
+    within = torch.arange(query.numel(), device=q_nodes.device) - torch.repeat_interleave(first, k_count)
+    return query, torch.repeat_interleave(k_start, k_count) + within  # (E,) each
+
+
+def bipartite_graph(q_lengths: Tensor, k_lengths: Tensor, q_offsets: Tensor | None = None,
+                    k_offsets: Tensor | None = None, n_queries: int | None = None,
+                    n_keys: int | None = None) -> Graph:
+    """Every query token of sentence b attends every key token of sentence b (target -> source).
+
+    Offsets default to packed sentences (`offsets_of`); pass b * T / b * S for padded storage."""
+    q_offsets = offsets_of(q_lengths) if q_offsets is None else q_offsets
+    k_offsets = offsets_of(k_lengths) if k_offsets is None else k_offsets
+    return Graph(int(q_lengths.sum()) if n_queries is None else n_queries,
+                 int(k_lengths.sum()) if n_keys is None else n_keys,
+                 segments=Segments(q_offsets, q_lengths, k_offsets, k_lengths))
+
+
+def self_graph(lengths: Tensor, structure: "Structure", causal: bool, offsets: Tensor | None = None,
+               n_nodes: int | None = None) -> Graph:
+    """Self-attention inside each sentence: the structure's pairs, shifted to each sentence's nodes.
+
+    The seed's graphs are `structure=FULL`: complete (encoder) and causal (decoder, `causal=True`)."""
+    offsets = offsets_of(lengths) if offsets is None else offsets
+    n_nodes = int(lengths.sum()) if n_nodes is None else n_nodes
+    if structure.is_full and not causal:
+        pattern = None
+    else:
+        def pattern(lq: int, lk: int) -> Tensor:
+            return structure.edges(lq, causal)
+    return Graph(n_nodes, n_nodes, segments=Segments(offsets, lengths, offsets, lengths, pattern))
