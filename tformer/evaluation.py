@@ -26,9 +26,9 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
     loss = nll = correct = total = 0.0
     for idx in batches:
         b = collate([examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos).to(device)
-        hidden = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).hidden  # (B, T, D)
+        hidden = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).real()  # (N, D)
         real = b.tgt_out != Vocab.pad  # (B, T)
-        logits = model.generator(hidden[real])  # (N, V)
+        logits = model.generator(hidden)  # (N, V)
         target = b.tgt_out[real]  # (N,)
         out = label_smoothed_nll_loss(logits, target, cfg.train.label_smoothing, Vocab.pad)
         loss, nll, total = loss + float(out.loss), nll + float(out.nll), total + float(out.n_tokens)

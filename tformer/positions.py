@@ -35,6 +35,11 @@ class SinusoidalPositions(nn.Module):
             self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model).to(self.table.device)
         return self.table[offset:end]  # (L, D)
 
+    def at(self, positions: Tensor) -> Tensor:
+        """positions (N,) -> (N, D): packed tokens, each at its own position."""
+        self.forward(int(positions.max()) + 1 if positions.numel() else 0)  # grows the table if needed
+        return self.table[positions]
+
 
 class LearnedPositions(nn.Module):
     def __init__(self, d_model: int, max_positions: int) -> None:
@@ -49,6 +54,12 @@ class LearnedPositions(nn.Module):
                 f"(model.max_positions={self.max_positions}); shorten the input or use sinusoidal positions"
             )
         return self.table.weight[offset : offset + length]  # (L, D)
+
+    def at(self, positions: Tensor) -> Tensor:
+        """positions (N,) -> (N, D): packed tokens, each at its own position."""
+        if positions.numel():
+            self.forward(int(positions.max()) + 1)  # the length check
+        return self.table(positions)
 
 
 def build_positions(kind: str, d_model: int, max_positions: int) -> nn.Module:

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from tformer.attention.kernels import sdpa_attention
 from tformer.dropout import dropout
 from tformer.masks import Graph
 
@@ -238,8 +239,6 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, plan: SegmentPlan, dropou
                       scale: float = 1.0) -> Tensor:
     """q (Nq, H, Dh), k and v (Nk, H, Dh) -> out (Nq, H, Dh): dense attention inside each segment, segments of
     one shape in one batched call (a view, no copy, when they are consecutive, as in a packed batch)."""
-    from tformer.attention.kernels import sdpa_attention  # the dense kernels, run per group
-
     Nq, H, Dh = q.shape
     outs = []
     for g in plan.groups:
@@ -263,22 +262,23 @@ def graph_attention(q: Tensor, k: Tensor, v: Tensor, mask: Graph | None = None, 
                     method: str = "auto") -> tuple[Tensor, Tensor | None]:
     """The kernel contract of tformer.attention.kernels with a Graph as the structure.
 
-    q (B, H, T, Dh), k and v (B, H, S, Dh): query node b * T + t, key node b * S + s. bias (E, H), one value
-    per edge and head. -> out (B, H, T, Dh); weights (E, H) per edge, after the softmax, when asked for."""
+    q (B, H, T, Dh), k and v (Bk, H, S, Dh): query node b * T + t, key node b * S + s (Bk may differ from B,
+    e.g. hypotheses against their sentences' memory). bias (E, H), one value per edge and head.
+    -> out (B, H, T, Dh); weights (E, H) per edge, after the softmax, when asked for."""
     if not isinstance(mask, Graph):
         raise ValueError("the graph kernel needs a Graph as its structure (tformer.masks), "
                          f"got {type(mask).__name__}")
     B, H, T, Dh = q.shape
-    S = k.shape[2]
-    if (mask.n_queries, mask.n_keys) != (B * T, B * S):
+    Bk, _, S, _ = k.shape
+    if (mask.n_queries, mask.n_keys) != (B * T, Bk * S):
         raise ValueError(f"graph has {mask.n_queries} query and {mask.n_keys} key nodes, but the inputs have "
-                         f"{B} x {T} queries and {B} x {S} keys")
+                         f"{B} x {T} queries and {Bk} x {S} keys")
     if bias is not None and bias.shape != (mask.n_edges, H):
         raise ValueError(f"graph bias must be (edges, heads) = ({mask.n_edges}, {H}), got {tuple(bias.shape)}")
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
     qn = q.transpose(1, 2).reshape(B * T, H, Dh)  # (Nq, H, Dh)
-    kn = k.transpose(1, 2).reshape(B * S, H, Dh)  # (Nk, H, Dh)
-    vn = v.transpose(1, 2).reshape(B * S, H, Dh)
+    kn = k.transpose(1, 2).reshape(Bk * S, H, Dh)  # (Nk, H, Dh)
+    vn = v.transpose(1, 2).reshape(Bk * S, H, Dh)
     if method == "auto":
         method = choose_method(mask, bias is not None or need_weights)
     if method == "segments":

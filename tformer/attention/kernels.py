@@ -4,7 +4,8 @@
         -> (out, weights | None)
 
     q (B, H, T, Dh), k and v (B, H, S, Dh)      queries, keys, values, heads split
-    mask  bool, broadcastable to (B, H, T, S)    the structure: True = may attend (see tformer.masks)
+    mask  bool, broadcastable to (B, H, T, S)    the structure: True = may attend (see tformer.masks);
+          or a tformer.masks.Graph for the graph kernel (attention/graph.py), whose bias is per edge
     bias  float, broadcastable to (B, H, T, S)   added to the scores before the softmax (positions)
     out   (B, H, T, Dh); weights (B, H, T, S) after the softmax, before dropout, when asked for
 
@@ -72,7 +73,13 @@ def sdpa_attention(
     return out, None  # (B, H, T, Dh)
 
 
-KERNELS: dict[str, Kernel] = {"dense": dense_attention, "sdpa": sdpa_attention}
+def _graph(*args, **kwargs):
+    from tformer.attention.graph import graph_attention  # imported here: graph.py runs sdpa per segment
+
+    return graph_attention(*args, **kwargs)
+
+
+KERNELS: dict[str, Kernel] = {"dense": dense_attention, "sdpa": sdpa_attention, "graph": _graph}
 
 
 def get_kernel(name: str) -> Kernel:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from tformer.attention import MultiHeadAttention
 from tformer.config import ModelConfig
 from tformer.dropout import Dropout
+from tformer.masks import Graph
 
 
 class FeedForward(nn.Module):
@@ -106,7 +107,9 @@ class DecoderLayer(nn.Module):
         x = self.res_self.out(x, a.out)
         q = self.res_cross.inp(x)  # (N, T, D)
         B = cross_kv[0].shape[0]
-        if q.shape[0] != B:  # N = B x K hypotheses share their sentence's memory: fold them into its queries
+        if q.shape[0] != B and not isinstance(cross_mask, Graph):
+            # N = B x K hypotheses share their sentence's memory: fold them into its queries (a graph's edges
+            # say the same thing directly)
             q = q.reshape(B, -1, q.shape[-1])  # (B, K*T, D)
         c = self.cross_attn(q, static_kv=cross_kv, mask=cross_mask, bias=cross_bias, need_weights=need_weights)
         x = self.res_cross.out(x, c.out.reshape(x.shape))

@@ -76,10 +76,10 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
 def train_step_loss(model: Transformer, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed smoothed loss, summed nll and correct predictions for one batch (generator on real
     positions only: padding costs no vocabulary projection)."""
-    hidden = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths).hidden  # (B, T, D)
+    hidden = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths).real()  # (N, D)
     real = batch.tgt_out != Vocab.pad  # (B, T)
     target = batch.tgt_out[real]  # (N,)
-    logits = model.generator(hidden[real])  # (N, V)
+    logits = model.generator(hidden)  # (N, V)
     out = label_smoothed_nll_loss(logits, target, eps, Vocab.pad)
     correct, _ = token_accuracy(logits.detach(), target, Vocab.pad)
     return out.loss, out.nll, correct
