@@ -1,0 +1,1 @@
+"""Pictures drawn from the same data the model computes on (matplotlib, no display needed)."""
