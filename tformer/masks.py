@@ -113,8 +113,9 @@ def _segment_edges(seg: Segments) -> tuple[Tensor, Tensor]:
         sentence = torch.repeat_interleave(torch.arange(seg.q_len.numel(), device=seg.q_len.device), seg.q_len)
         return _ranges(q_nodes, seg.k_start[sentence], seg.k_len[sentence])
     queries, keys = [], []
-    pairs = torch.stack([seg.q_len, seg.k_len], 1)  # (B, 2)
-    for lq, lk in torch.unique(pairs, dim=0).tolist():  # one template per distinct shape
+    span = int(seg.k_len.max()) + 1
+    for shape in torch.unique(seg.q_len * span + seg.k_len).tolist():  # one template per distinct shape
+        lq, lk = divmod(shape, span)
         rows = ((seg.q_len == lq) & (seg.k_len == lk)).nonzero()[:, 0]  # (n,)
         i, j = seg.pattern(lq, lk).to(seg.q_len.device).unbind(1)  # (E_s,) each
         queries.append((seg.q_start[rows, None] + i[None]).reshape(-1))

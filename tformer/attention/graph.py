@@ -86,11 +86,16 @@ def plan_blocks(graph: Graph, b: int) -> BlockPlan:
     t_qb, t_kb = tiles // n_kb, tiles % n_kb
     per_qb = torch.bincount(t_qb, minlength=n_qb)  # (n_qb,) key blocks each query block needs
     slot = torch.arange(tiles.numel(), device=device) - (torch.cumsum(per_qb, 0) - per_qb)[t_qb]  # (tiles,)
-    # group query blocks by their need: exact when there are few distinct needs, else rounded up to a power
-    # of two (few groups, little padding)
-    need = per_qb
-    if torch.unique(need).numel() > 4:
-        need = torch.where(per_qb > 0, 2 ** torch.ceil(torch.log2(per_qb.clamp(min=1).float())), 0).long()
+    # group query blocks by their need: needs within a factor of two of the group's largest share one group
+    # (padded to it), so a window makes one group while a few dense rows (global tokens) make their own
+    need = per_qb.clone()
+    remaining = sorted(set(torch.unique(per_qb).tolist()) - {0}, reverse=True)
+    while remaining:
+        top = remaining[0]
+        merged = [m for m in remaining if 2 * m > top]
+        for m in merged:
+            need[per_qb == m] = top
+        remaining = [m for m in remaining if 2 * m <= top]
     values = [m for m in torch.unique(need).tolist() if m > 0]
     single = len(values) == 1  # every edge is in the one group
     groups, cost = [], 0
@@ -119,11 +124,17 @@ def plan_blocks(graph: Graph, b: int) -> BlockPlan:
     return BlockPlan(b, n_qb, n_kb, groups, cost)
 
 
+def block_size(graph: Graph) -> int:
+    """About half the mean number of keys per query, a power of two in BLOCK_SIZES: a query block then meets
+    about three key blocks, little waste, and matrix multiplies big enough to run fast (measured:
+    benchmarks/graph_attention.py; a window of +-32 runs fastest with b = 32)."""
+    per_query = graph.n_edges / max(1, graph.n_queries)
+    return min(BLOCK_SIZES, key=lambda b: abs(math.log2(b) - math.log2(max(per_query / 2, 1))))
+
+
 def best_plan(graph: Graph) -> BlockPlan:
-    """The block size with the fewest score entries (ties: the larger block, fewer matmul batches)."""
     if "blocks" not in graph.plans:
-        plans = [plan_blocks(graph, b) for b in BLOCK_SIZES]
-        graph.plans["blocks"] = min(plans, key=lambda p: (p.cost, -p.b))
+        graph.plans["blocks"] = plan_blocks(graph, block_size(graph))
     return graph.plans["blocks"]
 
 
@@ -195,9 +206,10 @@ def _rows(start: Tensor, length: int) -> tuple[int, int] | Tensor:
 
 def plan_segments(graph: Graph) -> SegmentPlan:
     seg = graph.segments
-    shapes = torch.stack([seg.q_len, seg.k_len], 1)  # (B, 2)
+    span = int(seg.k_len.max()) + 1 if seg.k_len.numel() else 1
     groups, order, entries, edges = [], [], 0, 0
-    for lq, lk in torch.unique(shapes, dim=0).tolist():
+    for shape in torch.unique(seg.q_len * span + seg.k_len).tolist():
+        lq, lk = divmod(shape, span)
         if lq == 0 or lk == 0:
             continue
         rows = ((seg.q_len == lq) & (seg.k_len == lk)).nonzero()[:, 0]  # (n,) segments of this shape

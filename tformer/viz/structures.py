@@ -26,8 +26,8 @@ def _draw_edges(ax, graph: Graph, keys: list[str], queries: list[str], title: st
     segments = [[(float(kx[k]), 1.0), (float(qx[q]), 0.0)] for q, k in zip(graph.query.tolist(), graph.key.tolist())]
     lines = LineCollection(segments, colors=color, linewidths=1.0, alpha=0.55)
     ax.add_collection(lines)
-    ax.scatter(kx, [1.0] * len(kx), s=180, color="white", edgecolors="black", zorder=3)
-    ax.scatter(qx, [0.0] * len(qx), s=180, color="white", edgecolors="black", zorder=3)
+    ax.scatter(kx.numpy(), [1.0] * len(kx), s=180, color="white", edgecolors="black", zorder=3)
+    ax.scatter(qx.numpy(), [0.0] * len(qx), s=180, color="white", edgecolors="black", zorder=3)
     for x, t in zip(kx.tolist(), keys):
         ax.annotate(t, (x, 1.0), xytext=(0, 11), textcoords="offset points", ha="center", fontsize=8)
     for x, t in zip(qx.tolist(), queries):
@@ -63,7 +63,7 @@ def plot_pattern(lengths: list[int], structure: Structure = FULL, causal: bool =
     """A packed batch of sentences of `lengths` under `structure`, as the (query x key) grid of its edges."""
     graph = self_graph(torch.tensor(lengths), structure, causal)
     fig, ax = plt.subplots(figsize=(5.2, 5.2))
-    ax.imshow(graph.dense().float(), cmap="Blues", interpolation="nearest", vmin=0, vmax=1.25)
+    ax.imshow(graph.dense().float().numpy(), cmap="Blues", interpolation="nearest", vmin=0, vmax=1.25)
     for edge in torch.cumsum(torch.tensor(lengths), 0)[:-1].tolist():  # sentence boundaries
         ax.axhline(edge - 0.5, color="gray", lw=0.5)
         ax.axvline(edge - 0.5, color="gray", lw=0.5)
