@@ -5,13 +5,17 @@ over its incoming edges, the maximum subtracted (no clamping), drops out weights
 sums the values its edges bring. A node without incoming edges gets zeros. Nodes are the rows of the
 flattened (B x length) inputs, so a packed batch (B = 1, sentences back to back) has no padding at all.
 
-Two executions of the same mathematics, chosen per graph:
+Three executions of the same mathematics, chosen per graph (`choose_method`; figures in
+benchmarks/RESULTS.md):
 
-    edges   gather q and k per edge, scatter the softmax and the weighted sum (index_add_). Memory and time
-            grow with E x D; no waste on any graph, but gathers are slow next to matrix multiplies.
-    blocks  cut queries and keys into blocks of b nodes; for each query block, multiply it densely with the
-            (few) key blocks its edges touch, as one batched matmul, and mask out the pairs that are not
-            edges. Exact, and fast where edges cluster: packed sentences, windows, causal patterns.
+    segments  the graph is a set of dense blocks (one per sentence: the seed's graphs, or a sentence under
+              a structure): dense attention inside each, blocks of one shape in one batched call, views and
+              not copies when they lie back to back as in a packed batch. No per-edge bias or weights.
+    blocks    cut queries and keys into b x b tiles; each query block multiplies densely with the few key
+              blocks its edges touch, as one batched matmul, and pairs that are not edges are masked. Exact
+              and linear in length for windows; handles per-edge bias and returns per-edge weights.
+    edges     gather q and k per edge, scatter the softmax and the weighted sum (index_add). No waste on
+              any graph, but gathering is memory traffic: 15-17x dense per call on Multi30k batches.
 
 `plan_blocks` is built once per graph and kept on it (`Graph.plans`), so the layers of a forward share it.
 Notation: Nq query nodes, Nk key nodes, E edges, H heads, Dh head dim, b block size, G query blocks in a
@@ -333,6 +337,7 @@ def choose_method(graph: Graph, per_edge: bool = False) -> str:
     return graph.plans[key]
 
 
-SEGMENT_DENSITY = 4
-EDGE_RATIO = 16  # measured (benchmarks/graph_attention.py): a gathered edge costs about as much as this many
-# block entries
+SEGMENT_DENSITY = 4  # segments compute every pair of a sentence; past 4 pairs per edge (long sentences under a
+# window) blocks compute less
+EDGE_RATIO = 16  # rule of thumb from benchmarks/graph_attention.py: per call, edges cost 15-17x dense and blocks
+# 1.6-2.8x dense while computing 2-3 entries per edge, so one gathered edge costs roughly 16 block entries
