@@ -259,11 +259,11 @@ def step_graphs(n_hyps: int, t: int, src_mask: Tensor, structure: Structure) -> 
 
         def pattern(lq: int, lk: int) -> Tensor:
             return torch.stack([torch.zeros_like(row), row], 1)  # (k, 2)
-    self_graph_ = Graph(n_hyps, n_hyps * (t + 1), segments=Segments(n, ones, n * (t + 1), ones * (t + 1), pattern))
+    own = Graph(n_hyps, n_hyps * (t + 1), segments=Segments(n, ones, n * (t + 1), ones * (t + 1), pattern))
     b = torch.arange(B, device=device)
     cross = bipartite_graph(torch.full((B,), K, device=device), src_mask.sum(1), q_offsets=b * K,
                             k_offsets=b * S, n_queries=n_hyps, n_keys=B * S)
-    return self_graph_, cross
+    return own, cross
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> Transformer:
