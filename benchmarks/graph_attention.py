@@ -170,7 +170,7 @@ def model_for(kind: str, cfg, vocab: int):
 
 
 def step(model, batch):
-    loss, _, _ = train_step_loss(model, batch, 0.1)
+    loss = train_step_loss(model, batch, 0.1).loss
     loss.backward()
     model.zero_grad(set_to_none=True)
 

@@ -63,6 +63,11 @@ class ModelConfig:
     # no padding, attention as message passing over edges)
     encoder_structure: StructureConfig = field(default_factory=StructureConfig)  # encoder self-attention
     decoder_structure: StructureConfig = field(default_factory=StructureConfig)  # decoder self-attn (+ causal)
+    kind: Literal["vanilla", "universal"] = "vanilla"  # universal: one shared layer per side, repeated, with
+    # ACT halting per position (encoder_layers / decoder_layers are then ignored)
+    max_steps: int = 8  # universal: most recurrent steps per position
+    act_epsilon: float = 0.01  # universal: a position halts once its summed halting probability passes 1 - this
+    act_bias_init: float = 1.0  # universal: initial bias of the halting units (higher: halt sooner)
     share_embeddings: bool = False  # one table for source and target (needs a joint vocabulary)
     tie_generator: bool = True  # output projection shares the target embedding
 
@@ -78,6 +83,10 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout", "ffn_dropout"):
             p = getattr(self, name)
             _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
+        _check(self.max_steps >= 1, "model.max_steps", f"must be >= 1, got {self.max_steps}")
+        _check(0.0 < self.act_epsilon < 1.0, "model.act_epsilon", f"must be in (0, 1), got {self.act_epsilon}")
+        _check(self.kind != "universal" or self.attention != "graph", "model.attention",
+               "the universal transformer runs on the padded kernels (dense or sdpa) for now")
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 1.0  # 0 = no clipping
     label_smoothing: float = 0.1
+    ponder_weight: float = 0.01  # universal transformer: tau, the weight of the ACT ponder cost in the loss
     eval_every: int = 0  # optimizer updates between evaluations; 0 = once per epoch
     log_every: int = 20
     keep_last: int = 3  # checkpoints kept besides the best
@@ -171,6 +181,7 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing",
                f"must be in [0, 1), got {self.label_smoothing}")
         _check(self.clip_norm >= 0, "train.clip_norm", f"must be >= 0, got {self.clip_norm}")
+        _check(self.ponder_weight >= 0, "train.ponder_weight", f"must be >= 0, got {self.ponder_weight}")
         _check(0.0 <= self.target_exact_match <= 1.0, "train.target_exact_match",
                f"is a fraction in [0, 1], got {self.target_exact_match}")
 

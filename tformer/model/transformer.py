@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,9 @@ from tformer.masks import (Graph, Segments, bipartite_graph, decoder_mask, encod
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.positions import build_positions
 from tformer.structures import Structure, build_structure
+
+if TYPE_CHECKING:
+    from tformer.model.universal import Ponder
 
 
 @dataclass
@@ -52,6 +55,7 @@ class EncoderOutput(NamedTuple):
     mask: Tensor  # (B, S) bool, True at real tokens
     attentions: list[Tensor] | None = None
     graph: Graph | None = None  # the encoder's self-attention graph (packed layout)
+    ponder: "Ponder | None" = None  # ACT statistics per source position (universal transformer)
 
     @property
     def packed(self) -> bool:
@@ -63,6 +67,7 @@ class ModelOutput(NamedTuple):
     mask: Tensor  # (B, T) bool, True at real target positions
     attentions: Attentions | None = None
     packed: bool = False
+    ponder: "tuple[Ponder, Ponder] | None" = None  # ACT statistics, (source, target) (universal transformer)
 
     def real(self) -> Tensor:
         """(Nt, D): the real target positions, sentence after sentence (what the loss reads)."""
@@ -267,4 +272,8 @@ def step_graphs(n_hyps: int, t: int, src_mask: Tensor, structure: Structure) -> 
 
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> Transformer:
+    if cfg.kind == "universal":
+        from tformer.model.universal import UniversalTransformer
+
+        return UniversalTransformer(cfg, src_vocab, tgt_vocab)
     return Transformer(cfg, src_vocab, tgt_vocab)

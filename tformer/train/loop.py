@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -73,16 +73,32 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
                             eps=t.adam_eps, weight_decay=t.weight_decay)
 
 
-def train_step_loss(model: Transformer, batch, eps: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+class StepLoss(NamedTuple):
+    loss: torch.Tensor  # summed smoothed loss (+ ponder_weight x ponder cost for a universal transformer)
+    nll: torch.Tensor  # summed nll
+    correct: int  # correct next-token predictions
+    ponder_steps: float = 0.0  # ACT steps summed over source and target positions (universal transformer)
+    ponder_loss: float = 0.0  # the part of `loss` that is ponder_weight x ponder cost
+    positions: int = 0  # the positions those steps are over
+
+
+def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float = 0.0) -> StepLoss:
     """Summed smoothed loss, summed nll and correct predictions for one batch (generator on real
-    positions only: padding costs no vocabulary projection)."""
-    hidden = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths).real()  # (N, D)
+    positions only: padding costs no vocabulary projection). A universal transformer adds its ponder cost
+    (N + R summed over real source and target positions) times `ponder_weight` to the loss."""
+    output = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths)
+    hidden = output.real()  # (N, D)
     real = batch.tgt_out != Vocab.pad  # (B, T)
     target = batch.tgt_out[real]  # (N,)
     logits = model.generator(hidden)  # (N, V)
     out = label_smoothed_nll_loss(logits, target, eps, Vocab.pad)
     correct, _ = token_accuracy(logits.detach(), target, Vocab.pad)
-    return out.loss, out.nll, correct
+    if output.ponder is None:
+        return StepLoss(out.loss, out.nll, correct)
+    cost = sum(p.cost for p in output.ponder)
+    steps = float(sum(p.steps.sum() for p in output.ponder))
+    return StepLoss(out.loss + ponder_weight * cost, out.nll, correct, steps, float(ponder_weight * cost.detach()),
+                    batch.n_src_tokens + batch.n_tgt_tokens)
 
 
 class _Window:
@@ -92,13 +108,15 @@ class _Window:
         self.reset()
 
     def reset(self) -> None:
-        self.loss = self.nll = self.seconds = 0.0
-        self.correct = self.src = self.tgt = 0
+        self.loss = self.nll = self.seconds = self.ponder = 0.0
+        self.correct = self.src = self.tgt = self.positions = 0
 
     def flush(self) -> dict[str, float]:
         """The averages since the last flush; then start a new window."""
         out = {"loss": self.loss / self.tgt, "nll": self.nll / self.tgt, "token_acc": self.correct / self.tgt,
                "tok_per_s": (self.src + self.tgt) / self.seconds}
+        if self.positions:
+            out["ponder"] = self.ponder / self.positions  # mean ACT steps per position
         self.reset()
         return out
 
@@ -113,11 +131,13 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
     for b in micro:
-        loss, nll, correct = train_step_loss(model, b, t.label_smoothing)
-        (loss / n_tgt).backward()
-        window.loss += float(loss.detach())
-        window.nll += float(nll.detach())
-        window.correct += correct
+        step = train_step_loss(model, b, t.label_smoothing, t.ponder_weight)
+        (step.loss / n_tgt).backward()
+        window.loss += float(step.loss.detach()) - step.ponder_loss  # the logged loss is comparable across models
+        window.nll += float(step.nll.detach())
+        window.correct += step.correct
+        window.ponder += step.ponder_steps
+        window.positions += step.positions
         window.src += b.n_src_tokens
     if t.clip_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
@@ -271,10 +291,12 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                            "elapsed": round(elapsed(), 2)}
                     write(rec)
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_acc']:.3f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{rec['tok_per_s']:.0f}", refresh=False)
+                                    tok_s=f"{rec['tok_per_s']:.0f}", **({"ponder": f"{rec['ponder']:.2f}"}
+                                                                       if "ponder" in rec else {}), refresh=False)
                     if not progress:
-                        log.info("step %d  epoch %d  loss %.4f  token acc %.4f  lr %.2e  %.0f tok/s", step,
-                                 state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"])
+                        ponder = f"  ponder {rec['ponder']:.2f} steps" if "ponder" in rec else ""
+                        log.info("step %d  epoch %d  loss %.4f  token acc %.4f  lr %.2e  %.0f tok/s%s", step,
+                                 state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"], ponder)
                 if t.eval_every and step % t.eval_every == 0:
                     run_eval()
                 stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
