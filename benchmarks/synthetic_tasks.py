@@ -1,17 +1,24 @@
 """Copy and sort: train a recipe, then report free-running whole-sequence exact match on the test split.
 
-    python benchmarks/synthetic_tasks.py copy sort [--append] [section.key=value ...]
+    python benchmarks/synthetic_tasks.py copy sort sort_universal [--generalise] [--append]
+        [--overrides section.key=value ...]
 
-For each task: `tformer train --config configs/TASK.yaml` into runs/bench-TASK, then the best checkpoint
+For each recipe: `tformer train --config configs/RECIPE.yaml` into runs/bench-RECIPE, then the best checkpoint
 (chosen on validation) is evaluated on test. The table reports the wall time of training (evaluations
-included), the step and time at which validation first reached its best, and test metrics.
+included), the step and time at which validation first reached its best, test metrics, and for a universal
+transformer the mean ACT steps per position on test and their distribution.
+
+--generalise trains on lengths up to 20 (data.max_len=20) and also tests on 1000 sequences of lengths 21-40
+(lengths ~ Normal(30, 5) clipped, another seed): length generalisation, into runs/bench-RECIPE-gen.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -20,22 +27,25 @@ from common import HERE, append_results  # noqa: E402
 
 from tformer.config import load_config  # noqa: E402
 from tformer.data import load_task  # noqa: E402
-from tformer.evaluation import evaluate  # noqa: E402
+from tformer.evaluation import evaluate, ponder_steps  # noqa: E402
 from tformer.inference import load_model  # noqa: E402
 from tformer.train.loop import train  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("tasks", nargs="+", choices=("copy", "sort"))
+    ap.add_argument("tasks", nargs="+", choices=("copy", "sort", "copy_universal", "sort_universal"))
+    ap.add_argument("--generalise", action="store_true", help="train on lengths <= 20, test also on 21-40")
     ap.add_argument("--overrides", nargs="*", default=[], metavar="section.key=value")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
-    rows = ["| task | steps | train wall time | valid exact match (best) | best reached at | test exact match "
-            "| test token acc |", "|---|---|---|---|---|---|---|"]
+    rows = ["| recipe | steps | train wall time | valid exact match (best) | best reached at | test exact match "
+            "| test token acc |" + (" test 21-40 exact match |" if args.generalise else "") + " ACT steps on test |",
+            "|---|---|---|---|---|---|---|" + ("---|" if args.generalise else "") + "---|"]
     for task in args.tasks:
-        cfg = load_config(HERE.parent / "configs" / f"{task}.yaml", args.overrides)
-        run_dir = HERE.parent / "runs" / f"bench-{task}"
+        overrides = list(args.overrides) + (["data.max_len=20"] if args.generalise else [])
+        cfg = load_config(HERE.parent / "configs" / f"{task}.yaml", overrides)
+        run_dir = HERE.parent / "runs" / (f"bench-{task}-gen" if args.generalise else f"bench-{task}")
         shutil.rmtree(run_dir, ignore_errors=True)
         result = train(cfg, run_dir)
         valid = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
@@ -45,14 +55,32 @@ def main() -> None:
         ckpt, model = load_model(run_dir, which="best")
         data = load_task(ckpt.cfg.data, ("test",), tokenizers=ckpt.tokenizers)
         test, _ = evaluate(model, data.examples["test"], ckpt.cfg)
-        rows.append(f"| {task} | {result.step} | {result.elapsed:.0f} s | {best['exact_match']:.4f} | step "
-                    f"{first_best['step']}, {first_best['elapsed']:.0f} s | **{test['exact_match']:.4f}** | "
-                    f"{test['token_acc']:.4f} |")
+        row = (f"| {task} | {result.step} | {result.elapsed:.0f} s | {best['exact_match']:.4f} | step "
+               f"{first_best['step']}, {first_best['elapsed']:.0f} s | **{test['exact_match']:.4f}** | "
+               f"{test['token_acc']:.4f} |")
+        if args.generalise:
+            long_cfg = dataclasses.replace(ckpt.cfg.data, min_len=21, max_len=40, length_mean=30.0, length_std=5.0,
+                                           seed=ckpt.cfg.data.seed + 1000)
+            long = load_task(long_cfg, ("test",), tokenizers=ckpt.tokenizers)
+            long_metrics, _ = evaluate(model, long.examples["test"], ckpt.cfg)
+            row += f" **{long_metrics['exact_match']:.4f}** |"
+        if ckpt.cfg.model.kind == "universal":
+            src_steps, tgt_steps = ponder_steps(model, data.examples["test"])
+            flat = [x for rows_ in (src_steps, tgt_steps) for r in rows_ for x in r]
+            counts = Counter(flat)
+            row += (f" mean {sum(flat) / len(flat):.2f}; "
+                    + ", ".join(f"{k}: {counts[k] / len(flat):.0%}" for k in sorted(counts)) + " |")
+        else:
+            row += " - |"
+        rows.append(row)
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     print("\n" + table)
     if args.append:
-        append_results("Copy and sort: free-running exact match on test (DGL splits 9000/1000/1000)", table,
+        title = "Copy and sort: free-running exact match on test (DGL splits 9000/1000/1000)"
+        if args.generalise:
+            title = "Length generalisation: trained on lengths <= 20, tested on 21-40"
+        append_results(title, table,
                        "Exact match: the greedy output equals the reference as a whole sequence. Checkpoint "
                        "chosen on validation exact match; test read once at the end.")
 

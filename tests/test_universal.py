@@ -124,3 +124,28 @@ def test_universal_config_is_checked():
         ModelConfig(kind="universal", max_steps=0)
     with pytest.raises(ConfigError, match="model.attention"):
         ModelConfig(kind="universal", attention="graph")
+
+
+def test_ponder_command_maps_steps_and_refuses_a_vanilla_checkpoint(tmp_path, capsys):
+    from tformer.cli import main
+    from tformer.data import load_task
+    from tformer.evaluation import ponder_steps
+    from tformer.inference import load_model
+
+    cfg = tiny_config(kind="universal", max_steps=3)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1, max_steps=6, eval_every=6))
+    train(cfg, tmp_path / "ut")
+    ckpt, model = load_model(str(tmp_path / "ut"))
+    examples = load_task(ckpt.cfg.data, ("valid",), tokenizers=ckpt.tokenizers).examples["valid"]
+    src_steps, tgt_steps = ponder_steps(model, examples)
+    assert [len(s) for s in src_steps] == [len(s) + 1 for s, _ in examples]  # </s> included
+    assert all(1 <= x <= 3 for row in src_steps + tgt_steps for x in row)
+    assert main(["ponder", "--checkpoint", str(tmp_path / "ut"), "--split", "valid", "--sentence", "c a b",
+                 "--out", str(tmp_path / "pics")]) == 0
+    out = capsys.readouterr().out
+    assert "mean" in out and "steps per source token: [" in out
+    assert {p.name for p in (tmp_path / "pics").iterdir()} == {"steps_histogram.png", "ponder_curve.png",
+                                                                 "step_map.png"}
+    train(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="vanilla")), tmp_path / "vanilla")
+    assert main(["ponder", "--checkpoint", str(tmp_path / "vanilla"), "--out", str(tmp_path / "x")]) == 2
+    assert "needs model.kind=universal" in capsys.readouterr().err

@@ -276,6 +276,55 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------ parser
 
 
+def cmd_ponder(args: argparse.Namespace) -> int:
+    from collections import Counter
+    from pathlib import Path
+
+    from tformer.data import load_task
+    from tformer.data.corpus import normalize
+    from tformer.evaluation import ponder_steps
+    from tformer.inference import load_model, translate_ids
+    from tformer.viz.ponder import plot_ponder_curve, plot_step_histogram, plot_step_map
+
+    ckpt, model = load_model(args.checkpoint, which="best")
+    if ckpt.cfg.model.kind != "universal":
+        raise ValueError(f"{args.checkpoint} is a {ckpt.cfg.model.kind} transformer; pondering needs "
+                         "model.kind=universal")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    max_steps = ckpt.cfg.model.max_steps
+    data = load_task(ckpt.cfg.data, (args.split,), tokenizers=ckpt.tokenizers)
+    src_steps, tgt_steps = ponder_steps(model, data.examples[args.split])
+    plot_step_histogram(src_steps, tgt_steps, max_steps, out / "steps_histogram.png")
+    for name, steps in (("source", src_steps), ("target", tgt_steps)):
+        counts = Counter(x for row in steps for x in row)
+        total = sum(counts.values())
+        share = "  ".join(f"{k}:{counts[k] / total:.1%}" for k in range(1, max_steps + 1))
+        print(f"{name} positions ({args.split}, {total}): mean {sum(k * c for k, c in counts.items()) / total:.2f} "
+              f"steps;  {share}")
+    written = ["steps_histogram.png"]
+    run = Path(args.checkpoint)
+    for metrics in (run / "metrics.jsonl", run.parent.parent / "metrics.jsonl"):
+        if metrics.exists():
+            plot_ponder_curve(metrics, out / "ponder_curve.png")
+            written.append("ponder_curve.png")
+            break
+    if args.sentence:
+        src_tok, tgt_tok = ckpt.tokenizers
+        ids = src_tok.encode(normalize(args.sentence))
+        if not ids:
+            raise ValueError("--sentence is empty")
+        hyp = translate_ids(model, [ids], ckpt.cfg.decode).tokens[0][0]
+        (s_steps,), (t_steps,) = ponder_steps(model, [(ids, hyp)])
+        pieces = lambda tok, xs: [tok.decode([x]) or "?" for x in xs]  # noqa: E731
+        plot_step_map(pieces(src_tok, ids) + ["</s>"], ["<s>"] + pieces(tgt_tok, hyp), s_steps, t_steps,
+                      max_steps, out / "step_map.png")
+        written.append("step_map.png")
+        print(f"output: {tgt_tok.decode(hyp)}\nsteps per source token: {s_steps}\nsteps per target token: {t_steps}")
+    print(f"wrote {', '.join(str(out / w) for w in written)}")
+    return 0
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from tformer.config import StructureConfig
     from tformer.structures import build_structure
@@ -377,6 +426,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--checkpoints", nargs="+", help="checkpoint folders to average")
     sp.add_argument("--out", required=True, help="new checkpoint folder to write")
     sp.set_defaults(func=cmd_average)
+
+    sp = sub.add_parser("ponder", help="a universal transformer's ACT steps: histogram, curve, step map",
+                        description="For a model.kind=universal checkpoint: the steps each position takes on "
+                        "a split (histogram and shares), mean ponder over training (from the run's "
+                        "metrics.jsonl) and, with --sentence, a per-token step map of its translation.")
+    sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
+    sp.add_argument("--split", default="test", choices=("train", "valid", "test"))
+    sp.add_argument("--sentence", help="a source sentence to decode and map, step by step")
+    sp.add_argument("--out", required=True, help="folder for the pictures")
+    sp.set_defaults(func=cmd_ponder)
 
     sp = sub.add_parser("graph", help="draw attention structures (the seed's graphs, or a sparse pattern)",
                         description="Draw, from the edge lists the graph kernel computes on, either the three "

@@ -57,3 +57,25 @@ def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_runn
             metrics.update(scores.as_dict())
     metrics["n"] = len(examples)
     return metrics, hyps
+
+
+@torch.inference_mode()
+def ponder_steps(model: Transformer, examples: list[Example], max_tokens: int = 4096) -> tuple[list[list[int]], list[list[int]]]:
+    """ACT steps per source token and per target token (teacher-forced, which equals decoding: the cache
+    is exact) of a universal transformer; one list per example, </s> and <s> included."""
+    if model.cfg.kind != "universal":
+        raise ValueError("ponder steps exist only for model.kind=universal")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    src_lens, tgt_lens = model_lengths(examples)
+    src_steps: list[list[int]] = [[] for _ in examples]
+    tgt_steps: list[list[int]] = [[] for _ in examples]
+    for idx in token_budget_batches(src_lens, tgt_lens, max(max_tokens, max(src_lens + tgt_lens)), shuffle=False):
+        b = collate([examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos).to(device)
+        enc, dec = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).ponder
+        for row, i in enumerate(idx):
+            src_steps[i] = enc.steps[row, : src_lens[i]].long().tolist()
+            tgt_steps[i] = dec.steps[row, : tgt_lens[i]].long().tolist()
+    model.train(was_training)
+    return src_steps, tgt_steps
