@@ -60,7 +60,8 @@ def plot_ponder_curve(metrics: str | Path, path: str | Path | None = None):
 def plot_step_map(src_tokens: list[str], tgt_tokens: list[str], src_steps: list[int], tgt_steps: list[int],
                   max_steps: int, path: str | Path | None = None):
     """Steps each token of one sentence pair took, as two labelled strips."""
-    fig, axes = plt.subplots(2, 1, figsize=(max(4, 0.45 * max(len(src_tokens), len(tgt_tokens)) + 1.5), 2.6))
+    fig, axes = plt.subplots(2, 1, figsize=(max(4, 0.45 * max(len(src_tokens), len(tgt_tokens)) + 1.5), 3.0))
+    fig.subplots_adjust(hspace=0.9)
     for ax, tokens, steps, name in ((axes[0], src_tokens, src_steps, "source"),
                                     (axes[1], tgt_tokens, tgt_steps, "target")):
         im = ax.imshow([steps], cmap="viridis", vmin=1, vmax=max_steps, aspect="auto")
