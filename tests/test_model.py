@@ -89,12 +89,17 @@ def test_embeddings_are_scaled_by_sqrt_d_and_positions_are_sinusoidal():
     torch.testing.assert_close(x[0], m.src_embed.tokens.weight[ids[0]] * 4.0 + pe, atol=1e-5, rtol=1e-5)
 
 
-def test_learned_positions_fail_clearly_past_their_table():
-    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, positions="learned", max_positions=8)
-    m = build_model(cfg, 10, 10)
-    m(torch.ones(1, 8, dtype=torch.long), torch.tensor([8]), torch.ones(1, 3, dtype=torch.long), torch.tensor([3]))
-    with pytest.raises(ValueError, match="max_positions=8"):
-        m.encode(torch.ones(1, 9, dtype=torch.long), torch.tensor([9]))
+def test_learned_positions_past_their_table_reuse_the_last_row(caplog):
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, positions="learned", max_positions=8, dropout=0.0)
+    m = build_model(cfg, 10, 10).eval()
+    table = m.src_embed.positions.table.weight
+    with caplog.at_level("WARNING", logger="tformer"):
+        x = m.src_embed(torch.full((1, 12), 5, dtype=torch.long))  # (1, 12, 16)
+    token = m.src_embed.tokens.weight[5] * 4.0
+    torch.testing.assert_close(x[0, :8], token + table)
+    torch.testing.assert_close(x[0, 8:], (token + table[7]).expand(4, -1))
+    assert "model.max_positions=8" in caplog.text
+    m.encode(torch.ones(1, 30, dtype=torch.long), torch.tensor([30]))  # a whole model runs past the table
 
 
 def test_xavier_initialisation():

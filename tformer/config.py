@@ -57,8 +57,17 @@ class ModelConfig:
     activation: Literal["relu", "gelu"] = "relu"
     norm: Literal["post", "pre"] = "post"  # post: the paper; pre: Annotated Transformer / DGL (+ final norm)
     layer_norm_eps: float = 1e-5
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
-    max_positions: int = 1024  # table size for learned positions (sinusoidal has no limit)
+    positions: Literal["sinusoidal", "learned", "tupe", "tupe-r"] = "sinusoidal"  # encoder and decoder; tupe:
+    # position-position correlations added to the self-attention scores (see tformer.positions)
+    decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r"] = ""  # "" = as model.positions
+    max_positions: int = 1024  # rows of a learned table (learned, tupe); later positions reuse the last row
+    untie_first: bool = False  # tupe: learned bias values for the first token's row and column ([CLS] reset)
+    relative_buckets: int = 32  # tupe-r: buckets of relative distance (bidirectional: half per direction)
+    relative_max_distance: int = 128  # tupe-r: distances from here on share the last bucket
+    source: Literal["tokens", "features"] = "tokens"  # encoder input: token ids, or float frames (B, S, F)
+    feature_dim: int = 80  # features: F, the values per input frame
+    frame_stack: int = 1  # features: consecutive frames concatenated into one model frame
+    frame_skip: int = 1  # features: input frames between the starts of two model frames (S' = ceil(S / skip))
     attention: Literal["sdpa", "dense", "graph"] = "sdpa"  # kernel; may change after training (graph: packed,
     # no padding, attention as message passing over edges)
     encoder_structure: StructureConfig = field(default_factory=StructureConfig)  # encoder self-attention
@@ -72,7 +81,8 @@ class ModelConfig:
     tie_generator: bool = True  # output projection shares the target embedding
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions"):
+        for name in ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions",
+                     "feature_dim", "frame_stack", "frame_skip"):
             _check(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
         _check(
             self.d_model % self.n_heads == 0,
@@ -87,11 +97,24 @@ class ModelConfig:
         _check(0.0 < self.act_epsilon < 1.0, "model.act_epsilon", f"must be in (0, 1), got {self.act_epsilon}")
         _check(self.kind != "universal" or self.attention != "graph", "model.attention",
                "the universal transformer runs on the padded kernels (dense or sdpa) for now")
+        _check(self.relative_buckets >= 4, "model.relative_buckets", f"must be >= 4, got {self.relative_buckets}")
+        _check(self.relative_max_distance > self.relative_buckets // 2, "model.relative_max_distance",
+               f"must exceed relative_buckets // 2 = {self.relative_buckets // 2} (the exact buckets), "
+               f"got {self.relative_max_distance}")
+        if self.kind == "universal":
+            _check(self.side_positions("encoder") in ("sinusoidal", "learned")
+                   and self.side_positions("decoder") in ("sinusoidal", "learned"), "model.positions",
+                   "the universal transformer adds positions at every step: use sinusoidal or learned")
+            _check(self.source == "tokens", "model.source", "the universal transformer reads token ids for now")
+
+    def side_positions(self, side: str) -> str:
+        """The position scheme of 'encoder' or 'decoder'."""
+        return self.decoder_positions or self.positions if side == "decoder" else self.positions
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: Literal["copy", "sort", "text", "translation"] = "copy"
+    task: Literal["copy", "sort", "text", "translation", "speech", "synthetic_speech"] = "copy"
     # synthetic tasks (copy, sort): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
     symbols: int = 26  # 'a', 'b', ... then 's26', 's27', ... beyond 26
     length_mean: float = 15.0
@@ -121,6 +144,16 @@ class DataConfig:
     character_coverage: float = 1.0
     filter_max_len: int = 250  # training pairs with a side longer than this (in pieces) are dropped
     filter_max_ratio: float = 0.0  # ... or with longer/shorter side above this; 0 = no ratio filter
+    # task 'speech': {dir}/{prefix}.tsv per split, lines 'id<TAB>transcript', frames in {dir}/{id}.npy, a float
+    # array (frames, model.feature_dim) each (see tformer.data.speech)
+    target_units: Literal["char", "subword"] = "char"  # speech targets: characters, or SentencePiece pieces
+    max_frames: int = 0  # speech: utterances with more input frames are an error (0 = no limit)
+    # task 'synthetic_speech': symbols (the first 26 letters) grouped into words; each letter becomes a block
+    # of noisy frames around its prototype, a space a block of noise alone (see tformer.data.speech)
+    min_frames: int = 3  # frames per letter or space, drawn uniformly from min_frames .. max_symbol_frames
+    max_symbol_frames: int = 8
+    gap_frames: int = 0  # up to this many noise frames between letters (0 = none); below min_frames
+    noise: float = 1.0  # std of the Gaussian noise on every frame (prototypes have unit variance)
 
     def __post_init__(self) -> None:
         _check(self.symbols >= 1, "data.symbols", f"must be >= 1, got {self.symbols}")
@@ -141,6 +174,16 @@ class DataConfig:
                f"must be 0 (off) or >= 1, got {self.filter_max_ratio}")
         _check(0 < self.character_coverage <= 1, "data.character_coverage",
                f"must be in (0, 1], got {self.character_coverage}")
+        _check(self.task != "speech" or bool(self.dir), "data.dir",
+               "task 'speech' needs data.dir, the folder with {train,valid,test}.tsv and the .npy frames")
+        _check(self.max_frames >= 0, "data.max_frames", f"must be >= 0, got {self.max_frames}")
+        _check(1 <= self.min_frames <= self.max_symbol_frames, "data.min_frames",
+               f"need 1 <= min_frames <= max_symbol_frames, got {self.min_frames} and {self.max_symbol_frames}")
+        _check(0 <= self.gap_frames < self.min_frames, "data.gap_frames",
+               f"must be in [0, min_frames={self.min_frames}) so a gap cannot pass for a space, got {self.gap_frames}")
+        _check(self.noise >= 0, "data.noise", f"must be >= 0, got {self.noise}")
+        _check(self.task != "synthetic_speech" or self.symbols <= 26, "data.symbols",
+               f"synthetic_speech transcribes letters: at most 26 symbols, got {self.symbols}")
 
 
 @dataclass(frozen=True)
@@ -221,12 +264,23 @@ class DecodeConfig:
         _check(0 < self.top_p <= 1, "decode.top_p", f"must be in (0, 1], got {self.top_p}")
 
 
+SPEECH_TASKS = ("speech", "synthetic_speech")
+
+
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        speech = self.data.task in SPEECH_TASKS
+        _check(speech == (self.model.source == "features"), "model.source",
+               f"data.task '{self.data.task}' reads {'frames' if speech else 'token ids'}: set model.source="
+               f"{'features' if speech else 'tokens'}")
+        _check(not (speech and self.model.share_embeddings), "model.share_embeddings",
+               "a frame encoder has no source embeddings to share")
 
 
 # Settings that may change after training: `translate` and `evaluate` accept overrides for these alone.

@@ -74,6 +74,7 @@ class Graph:
         assert query is None or (query.shape == key.shape and query.dim() == 1), "one query and one key per edge"
         self.n_queries, self.n_keys, self.segments = n_queries, n_keys, segments
         self._edges = None if query is None else (query, key)
+        self._segment_of_edge: Tensor | None = None
         self.plans: dict = {}
 
     def __repr__(self) -> str:
@@ -83,8 +84,18 @@ class Graph:
     def edges(self) -> tuple[Tensor, Tensor]:
         """(query (E,), key (E,)) int64."""
         if self._edges is None:
-            self._edges = _segment_edges(self.segments)
+            *self._edges, self._segment_of_edge = _segment_edges(self.segments)
+            self._edges = tuple(self._edges)
         return self._edges
+
+    def local_positions(self) -> tuple[Tensor, Tensor]:
+        """(E,) each: the query's and the key's index inside the segment of each edge (a graph built from
+        segments); what a positional bias (PositionBias) is indexed by."""
+        if self.segments is None:
+            raise ValueError("positions inside sentences are known only for graphs built from segments")
+        query, key = self.edges
+        seg = self._segment_of_edge
+        return query - self.segments.q_start[seg], key - self.segments.k_start[seg]
 
     @property
     def query(self) -> Tensor:
@@ -107,12 +118,14 @@ class Graph:
         return mask
 
 
-def _segment_edges(seg: Segments) -> tuple[Tensor, Tensor]:
+def _segment_edges(seg: Segments) -> tuple[Tensor, Tensor, Tensor]:
+    """(query, key, segment of each edge), (E,) each."""
     if seg.pattern is None:  # every pair: vectorised ranges
         q_nodes = torch.repeat_interleave(seg.q_start, seg.q_len) + packed_positions(seg.q_len)  # (Nq,)
         sentence = torch.repeat_interleave(torch.arange(seg.q_len.numel(), device=seg.q_len.device), seg.q_len)
-        return _ranges(q_nodes, seg.k_start[sentence], seg.k_len[sentence])
-    queries, keys = [], []
+        query, key = _ranges(q_nodes, seg.k_start[sentence], seg.k_len[sentence])
+        return query, key, torch.repeat_interleave(sentence, seg.k_len[sentence])
+    queries, keys, segments = [], [], []
     span = int(seg.k_len.max()) + 1
     for shape in torch.unique(seg.q_len * span + seg.k_len).tolist():  # one template per distinct shape
         lq, lk = divmod(shape, span)
@@ -120,7 +133,29 @@ def _segment_edges(seg: Segments) -> tuple[Tensor, Tensor]:
         i, j = seg.pattern(lq, lk).to(seg.q_len.device).unbind(1)  # (E_s,) each
         queries.append((seg.q_start[rows, None] + i[None]).reshape(-1))
         keys.append((seg.k_start[rows, None] + j[None]).reshape(-1))
-    return torch.cat(queries), torch.cat(keys)
+        segments.append(rows.repeat_interleave(i.numel()))
+    return torch.cat(queries), torch.cat(keys), torch.cat(segments)
+
+
+class PositionBias:
+    """An attention bias that depends on positions alone (TUPE), for the graph kernel: `table` (H, Lq, Lk)
+    holds the value for the i-th query and j-th key of a segment (a sentence), for every segment alike.
+    The kernel adds table[:, :lq, :lk] to a whole segment, or gathers one value per edge (`per_edge`)."""
+
+    def __init__(self, table: Tensor) -> None:
+        self.table = table  # (H, Lq, Lk)
+        self._edges: dict[int, Tensor] = {}
+
+    def block(self, lq: int, lk: int) -> Tensor:
+        """(1, H, lq, lk): the bias of a segment of lq queries and lk keys."""
+        return self.table[None, :, :lq, :lk]
+
+    def per_edge(self, graph: Graph) -> Tensor:
+        """(E, H), gathered once per graph (the layers of a forward share it)."""
+        if id(graph) not in self._edges:
+            pq, pk = graph.local_positions()
+            self._edges[id(graph)] = self.table[:, pq, pk].t()
+        return self._edges[id(graph)]
 
 
 def graph_from_mask(mask: Tensor) -> Graph:

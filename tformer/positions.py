@@ -1,16 +1,32 @@
-"""Absolute positions: sinusoidal (the paper) and learned (a table).
+"""Positions: added to the embeddings (sinusoidal, learned) or added to the attention scores (TUPE).
 
-Both map positions (L,) to vectors (L, D) that the model adds to the scaled token embeddings.
-Sinusoidal positions extend to any length (the table grows on demand); a learned table stops at
-`max_positions`, and a longer sequence is an error that says so. Notation: L length, D model dim.
+    sinusoidal  the paper's PE table, added to the scaled token embeddings; computed for any position
+    learned     a trained table of `model.max_positions` rows, added likewise
+    tupe        TUPE-A (Ke, He and Liu 2021): embeddings carry no position; every self-attention score gets
+                the bias (p_i U^Q)(p_j U^K)^T / sqrt(2 Dh) of its own projections U^Q, U^K of learned,
+                LayerNorm'd position vectors p, computed once per forward and shared by all layers (the
+                content scores are scaled by 1/sqrt(2 Dh) too); optionally the first token is untied
+    tupe-r      TUPE-A plus a learned bias per head and bucket of relative distance (T5's buckets)
+
+How each extends past its table (speech frames run into thousands of positions):
+    sinusoidal  exactly: the formula holds at every position (the cached table grows on demand)
+    learned     positions >= max_positions reuse the last row (a warning says so once per table)
+    tupe        the same for the absolute vectors p: past the table the position-position term is constant
+    tupe-r      distances >= relative_max_distance share the last bucket by construction, so the relative
+                term is defined at every length; the absolute term extends as for tupe
+
+Notation: L length, D model dim, H heads, Dh = D / H.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 from torch import Tensor, nn
+
+log = logging.getLogger("tformer")
 
 
 def sinusoidal_table(length: int, d_model: int) -> Tensor:
@@ -42,29 +58,131 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
+    """A trained table; positions past it reuse its last row (warned once)."""
+
     def __init__(self, d_model: int, max_positions: int) -> None:
         super().__init__()
         self.max_positions = max_positions
         self.table = nn.Embedding(max_positions, d_model)
+        self.warned = False
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
-        if offset + length > self.max_positions:
-            raise ValueError(
-                f"sequence of {offset + length} positions is longer than the learned position table "
-                f"(model.max_positions={self.max_positions}); shorten the input or use sinusoidal positions"
-            )
-        return self.table.weight[offset : offset + length]  # (L, D)
+        return self.at(torch.arange(offset, offset + length, device=self.table.weight.device))  # (L, D)
 
     def at(self, positions: Tensor) -> Tensor:
-        """positions (N,) -> (N, D): packed tokens, each at its own position."""
-        if positions.numel():
-            self.forward(int(positions.max()) + 1)  # the length check
-        return self.table(positions)
+        """positions (N,) -> (N, D)."""
+        return self.table(clamp_positions(positions, self.max_positions, self))
 
 
-def build_positions(kind: str, d_model: int, max_positions: int) -> nn.Module:
+def clamp_positions(positions: Tensor, size: int, owner: nn.Module) -> Tensor:
+    """Positions past a table of `size` rows map to its last row; the first time, a warning says so."""
+    if positions.numel() and int(positions.max()) >= size:
+        if not owner.warned:
+            owner.warned = True
+            log.warning("a sequence of %d positions is longer than the learned position table "
+                        "(model.max_positions=%d): later positions share its last row", int(positions.max()) + 1,
+                        size)
+        return positions.clamp(max=size - 1)
+    return positions
+
+
+def relative_bucket(relative: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
+    """Relative position (key - query) -> bucket id, T5's scheme (Raffel et al. 2020), as TUPE-R uses it.
+
+    Bidirectional: half the buckets for keys after the query (ids offset by buckets // 2), half for keys at
+    or before it. Causal: all buckets for keys at or before the query (later keys are masked anyway; they
+    share bucket 0). Within a direction of n buckets, distances below n // 2 get a bucket each; the rest are
+    spread logarithmically up to `max_distance`, and every longer distance shares the last bucket."""
+    n = buckets
+    out = torch.zeros_like(relative)
+    if bidirectional:
+        n //= 2
+        out = out + (relative > 0).long() * n
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    exact = n // 2
+    far = exact + (torch.log(distance.double().clamp(min=1) / exact) / math.log(max_distance / exact)
+                   * (n - exact)).long()
+    return out + torch.where(distance < exact, distance, far.clamp(max=n - 1))
+
+
+class RelativeBias(nn.Module):
+    """One learned value per head and relative-distance bucket: (H, Lq, Lk) for given positions."""
+
+    def __init__(self, n_heads: int, buckets: int, max_distance: int, bidirectional: bool) -> None:
+        super().__init__()
+        self.buckets, self.max_distance, self.bidirectional = buckets, max_distance, bidirectional
+        self.values = nn.Embedding(buckets, n_heads)
+
+    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        bucket = relative_bucket(k_pos[None, :] - q_pos[:, None], self.bidirectional, self.buckets,
+                                 self.max_distance)  # (Lq, Lk)
+        return self.values(bucket).permute(2, 0, 1)  # (H, Lq, Lk)
+
+
+class TupeBias(nn.Module):
+    """TUPE's positional attention bias, shared by all layers of one side (encoder or decoder).
+
+    forward(Lq, Lk, q_offset) -> (H, Lq, Lk): queries at positions q_offset .. q_offset + Lq - 1, keys at
+    0 .. Lk - 1 (self-attention; a decoding step is one query at position t against keys 0 .. t).
+
+        bias[h, i, j] = (LN(p_i) U^Q_h) . (LN(p_j) U^K_h) / sqrt(2 Dh)   (+ relative[h, bucket(j - i)])
+
+    With `untie_first`, row 0 (the first token as a query) is replaced by a learned value per head and
+    column 0 (every other token looking at the first one) by another: the paper's [CLS] reset, which frees
+    the first token from positional correlations (the relative term is replaced too)."""
+
+    def __init__(self, d_model: int, n_heads: int, max_positions: int, untie_first: bool = False,
+                 relative: RelativeBias | None = None) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.max_positions = max_positions
+        self.table = nn.Embedding(max_positions, d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.q_proj, self.k_proj = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.first = nn.Parameter(torch.zeros(2, n_heads)) if untie_first else None  # row 0, column 0
+        self.relative = relative
+        self.scale = 1.0 / math.sqrt(2 * self.head_dim)
+        self.warned = False
+
+    def _heads(self, proj: nn.Linear, positions: Tensor) -> Tensor:
+        p = self.norm(self.table(clamp_positions(positions, self.max_positions, self)))  # (L, D)
+        return proj(p).view(-1, self.n_heads, self.head_dim).transpose(0, 1)  # (H, L, Dh)
+
+    def forward(self, n_queries: int, n_keys: int, q_offset: int = 0) -> Tensor:
+        device = self.table.weight.device
+        q_pos = torch.arange(q_offset, q_offset + n_queries, device=device)  # (Lq,)
+        k_pos = torch.arange(n_keys, device=device)  # (Lk,)
+        bias = torch.matmul(self._heads(self.q_proj, q_pos), self._heads(self.k_proj, k_pos).transpose(1, 2))
+        bias = bias * self.scale  # (H, Lq, Lk)
+        if self.relative is not None:
+            bias = bias + self.relative(q_pos, k_pos)
+        if self.first is not None:
+            row, col = self.first[0][:, None, None], self.first[1][:, None, None]  # (H, 1, 1)
+            bias = torch.where(k_pos[None, None, :] == 0, col, bias)
+            bias = torch.where(q_pos[None, :, None] == 0, row, bias)  # (H, Lq, Lk); [0, 0] is the row's
+        return bias
+
+
+TUPE = ("tupe", "tupe-r")
+
+
+def build_positions(kind: str, d_model: int, max_positions: int) -> nn.Module | None:
+    """The module that adds positions to embeddings; None for TUPE (positions enter as attention bias)."""
     if kind == "sinusoidal":
         return SinusoidalPositions(d_model)
     if kind == "learned":
         return LearnedPositions(d_model, max_positions)
-    raise ValueError(f"unknown positions '{kind}'; choose sinusoidal or learned")
+    if kind in TUPE:
+        return None
+    raise ValueError(f"unknown positions '{kind}'; choose sinusoidal, learned, tupe or tupe-r")
+
+
+def build_attention_bias(kind: str, d_model: int, n_heads: int, max_positions: int, untie_first: bool,
+                         buckets: int, max_distance: int, causal: bool) -> TupeBias | None:
+    """TUPE's bias module for one side (None for the added schemes)."""
+    if kind not in TUPE:
+        return None
+    relative = RelativeBias(n_heads, buckets, max_distance, not causal) if kind == "tupe-r" else None
+    return TupeBias(d_model, n_heads, max_positions, untie_first, relative)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from tformer.attention.kernels import sdpa_attention
 from tformer.dropout import dropout
-from tformer.masks import Graph
+from tformer.masks import Graph, PositionBias
 
 BLOCK_SIZES = (8, 16, 32, 64)
 _MASKED = -1e30  # finite: a row without edges stays NaN-free in the backward pass; exp() of it is exactly 0
@@ -252,15 +252,17 @@ def _take(x: Tensor, rows: tuple[int, int] | Tensor, length: int) -> Tensor:
 
 
 def segment_attention(q: Tensor, k: Tensor, v: Tensor, plan: SegmentPlan, dropout_p: float = 0.0,
-                      scale: float = 1.0) -> Tensor:
+                      scale: float = 1.0, bias: PositionBias | None = None) -> Tensor:
     """q (Nq, H, Dh), k and v (Nk, H, Dh) -> out (Nq, H, Dh): dense attention inside each segment, segments of
-    one shape in one batched call (a view, no copy, when they are consecutive, as in a packed batch)."""
+    one shape in one batched call (a view, no copy, when they are consecutive, as in a packed batch). A
+    positional bias is the same for every segment of a shape: one (1, H, lq, lk) slice, broadcast."""
     Nq, H, Dh = q.shape
     outs = []
     for g in plan.groups:
         Q, K, V = _take(q, g.q_rows, g.lq), _take(k, g.k_rows, g.lk), _take(v, g.k_rows, g.lk)  # (n, H, l, Dh)
         mask = None if g.mask is None else g.mask[None, None]
-        o, _ = sdpa_attention(Q, K, V, mask=mask, dropout_p=dropout_p, scale=scale)  # (n, H, lq, Dh)
+        b = None if bias is None else bias.block(g.lq, g.lk)
+        o, _ = sdpa_attention(Q, K, V, mask=mask, bias=b, dropout_p=dropout_p, scale=scale)  # (n, H, lq, Dh)
         if g.empty is not None:
             o = o.masked_fill(g.empty[None, None, :, None], 0.0)
         outs.append(o.transpose(1, 2).reshape(-1, H, Dh))  # (n * lq, H, Dh)
@@ -273,13 +275,15 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, plan: SegmentPlan, dropou
 # --------------------------------------------------------------------------- the kernel
 
 
-def graph_attention(q: Tensor, k: Tensor, v: Tensor, mask: Graph | None = None, bias: Tensor | None = None,
+def graph_attention(q: Tensor, k: Tensor, v: Tensor, mask: Graph | None = None,
+                    bias: Tensor | PositionBias | None = None,
                     dropout_p: float = 0.0, scale: float | None = None, need_weights: bool = False,
                     method: str = "auto") -> tuple[Tensor, Tensor | None]:
     """The kernel contract of tformer.attention.kernels with a Graph as the structure.
 
     q (B, H, T, Dh), k and v (Bk, H, S, Dh): query node b * T + t, key node b * S + s (Bk may differ from B,
-    e.g. hypotheses against their sentences' memory). bias (E, H), one value per edge and head.
+    e.g. hypotheses against their sentences' memory). bias (E, H), one value per edge and head, or a
+    PositionBias (a function of positions inside a segment: the segments method can take it).
     -> out (B, H, T, Dh); weights (E, H) per edge, after the softmax, when asked for."""
     if not isinstance(mask, Graph):
         raise ValueError("the graph kernel needs a Graph as its structure (tformer.masks), "
@@ -289,19 +293,26 @@ def graph_attention(q: Tensor, k: Tensor, v: Tensor, mask: Graph | None = None, 
     if (mask.n_queries, mask.n_keys) != (B * T, Bk * S):
         raise ValueError(f"graph has {mask.n_queries} query and {mask.n_keys} key nodes, but the inputs have "
                          f"{B} x {T} queries and {Bk} x {S} keys")
-    if bias is not None and bias.shape != (mask.n_edges, H):
+    positional = bias if isinstance(bias, PositionBias) else None
+    if positional is not None and positional.table.shape[0] != H:
+        raise ValueError(f"positional bias has {positional.table.shape[0]} heads, the inputs {H}")
+    if bias is not None and positional is None and bias.shape != (mask.n_edges, H):
         raise ValueError(f"graph bias must be (edges, heads) = ({mask.n_edges}, {H}), got {tuple(bias.shape)}")
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
     qn = q.transpose(1, 2).reshape(B * T, H, Dh)  # (Nq, H, Dh)
     kn = k.transpose(1, 2).reshape(Bk * S, H, Dh)  # (Nk, H, Dh)
     vn = v.transpose(1, 2).reshape(Bk * S, H, Dh)
     if method == "auto":
-        method = choose_method(mask, bias is not None or need_weights)
+        method = choose_method(mask, (bias is not None and positional is None) or need_weights)
     if method == "segments":
-        if mask.segments is None or bias is not None or need_weights:
-            raise ValueError("the segments method needs a graph built from segments, and no bias or weights")
-        out, weights = segment_attention(qn, kn, vn, segment_plan(mask), dropout_p, scale), None
-    elif method == "edges":
+        if mask.segments is None or (bias is not None and positional is None) or need_weights:
+            raise ValueError("the segments method needs a graph built from segments, and no per-edge bias or "
+                             "weights")
+        out, weights = segment_attention(qn, kn, vn, segment_plan(mask), dropout_p, scale, positional), None
+        return out.view(B, T, H, Dh).transpose(1, 2), None
+    if positional is not None:
+        bias = positional.per_edge(mask)  # (E, H)
+    if method == "edges":
         out, weights = edge_attention(qn, kn, vn, mask, bias, dropout_p, scale)
     elif method == "blocks":
         out, weights = block_attention(qn, kn, vn, mask, best_plan(mask), bias, dropout_p, scale, need_weights)

@@ -27,12 +27,14 @@ class MultiHeadAttention(nn.Module):
     `torch.nn.MultiheadAttention.in_proj_weight`: self-attention projects with one matrix multiply.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, kernel: str = "sdpa") -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, kernel: str = "sdpa",
+                 scale: float | None = None) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
+        self.scale = scale  # of q . k; None = 1 / sqrt(Dh) (TUPE: 1 / sqrt(2 Dh))
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.set_kernel(kernel)
@@ -77,7 +79,8 @@ class MultiHeadAttention(nn.Module):
             q = self._split(F.linear(query, self.in_proj.weight[:D], self.in_proj.bias[:D]))  # (B, H, T, Dh)
             k, v = static_kv if static_kv is not None else self.project_kv(memory)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
-        out, weights = self.kernel(q, k, v, mask=mask, bias=bias, dropout_p=p, need_weights=need_weights)
+        out, weights = self.kernel(q, k, v, mask=mask, bias=bias, dropout_p=p, scale=self.scale,
+                                   need_weights=need_weights)
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return AttentionOutput(self.out_proj(out), weights, (k, v))

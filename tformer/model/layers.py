@@ -17,6 +17,12 @@ from tformer.attention import MultiHeadAttention
 from tformer.config import ModelConfig
 from tformer.dropout import Dropout
 from tformer.masks import Graph
+from tformer.positions import TUPE
+
+
+def self_attention_scale(cfg: ModelConfig, side: str) -> float | None:
+    """TUPE scales content scores by 1/sqrt(2 Dh), like its position scores; others use the default."""
+    return (2 * cfg.d_model // cfg.n_heads) ** -0.5 if cfg.side_positions(side) in TUPE else None
 
 
 class FeedForward(nn.Module):
@@ -55,7 +61,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d, eps = cfg.d_model, cfg.layer_norm_eps
-        self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention)
+        self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
+                                            self_attention_scale(cfg, "encoder"))
         self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.ffn_dropout)
         self.res_attn = Residual(d, cfg.norm, eps, cfg.dropout)
         self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout)
@@ -81,7 +88,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d, eps = cfg.d_model, cfg.layer_norm_eps
-        self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention)
+        self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
+                                            self_attention_scale(cfg, "decoder"))
         self.cross_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention)
         self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.ffn_dropout)
         self.res_self = Residual(d, cfg.norm, eps, cfg.dropout)

@@ -9,6 +9,10 @@ H heads, Dh head dim, V vocabulary, E edges.
     init_cache(encoder_output)          -> cache: dict of tensors, batch first (see decode_step)
     decode_step(tokens (B,), cache)     -> (logits (B, V), cache): one position, for tformer.decode
 
+Positions are added to the embeddings (sinusoidal, learned) or, with TUPE, added to every self-attention's
+scores as a bias computed once per forward (`src_bias`, `tgt_bias`; tformer.positions). The encoder reads
+token ids, or float frames (B, S, F) with `model.source: features` (FrameEmbeddings).
+
 Two layouts, one set of parameters. With `model.attention: dense | sdpa` sentences are padded to (B, L) and
 structures are boolean masks. With `model.attention: graph` the batch is packed: all real tokens of the
 batch in one row (1, N, D), no padding anywhere, and every attention is message passing over a graph
@@ -29,10 +33,10 @@ from torch import Tensor, nn
 
 from tformer.config import ModelConfig
 from tformer.dropout import Dropout
-from tformer.masks import (Graph, Segments, bipartite_graph, decoder_mask, encoder_mask, packed_positions,
-                           padding_mask, self_graph)
+from tformer.masks import (Graph, PositionBias, Segments, bipartite_graph, decoder_mask, encoder_mask,
+                           packed_positions, padding_mask, self_graph)
 from tformer.model.layers import DecoderLayer, EncoderLayer
-from tformer.positions import build_positions
+from tformer.positions import TupeBias, build_attention_bias, build_positions
 from tformer.structures import Structure, build_structure
 
 if TYPE_CHECKING:
@@ -83,9 +87,9 @@ class ModelOutput(NamedTuple):
 
 
 class Embeddings(nn.Module):
-    """Token embedding scaled by sqrt(D) plus absolute positions, then dropout."""
+    """Token embedding scaled by sqrt(D) plus absolute positions (none with TUPE), then dropout."""
 
-    def __init__(self, tokens: nn.Embedding, positions: nn.Module, dropout: float) -> None:
+    def __init__(self, tokens: nn.Embedding, positions: nn.Module | None, dropout: float) -> None:
         super().__init__()
         self.tokens, self.positions = tokens, positions
         self.scale = math.sqrt(tokens.embedding_dim)
@@ -93,12 +97,53 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         x = self.tokens(ids) * self.scale  # (B, L, D)
-        return self.dropout(x + self.positions(ids.shape[1], offset))  # (B, L, D)
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1], offset)
+        return self.dropout(x)  # (B, L, D)
 
     def packed(self, ids: Tensor, positions: Tensor) -> Tensor:
         """ids (N,) and their positions in their sentences (N,) -> (1, N, D)."""
-        x = self.tokens(ids) * self.scale + self.positions.at(positions)  # (N, D)
+        x = self.tokens(ids) * self.scale  # (N, D)
+        if self.positions is not None:
+            x = x + self.positions.at(positions)
         return self.dropout(x)[None]
+
+
+def stack_frames(frames: Tensor, counts: Tensor, stack: int, skip: int) -> tuple[Tensor, Tensor]:
+    """Low frame rate input: model frame i concatenates input frames i*skip .. i*skip + stack - 1 of its
+    utterance, repeating the utterance's last real frame past its end (never the padding), so S' =
+    ceil(S / skip) frames per utterance. frames (B, S, F), counts (B,) -> ((B, S', stack * F), counts' (B,))."""
+    B, S, F = frames.shape
+    new_counts = torch.div(counts + skip - 1, skip, rounding_mode="floor")  # (B,) ceil(counts / skip)
+    n = -(-S // skip)
+    index = torch.arange(n, device=frames.device)[:, None] * skip + torch.arange(stack, device=frames.device)
+    index = torch.minimum(index[None], (counts - 1).clamp(min=0)[:, None, None])  # (B, S', stack)
+    out = frames.gather(1, index.reshape(B, -1, 1).expand(-1, -1, F))  # (B, S' * stack, F)
+    return out.reshape(B, n, stack * F), new_counts
+
+
+class FrameEmbeddings(nn.Module):
+    """The encoder's front end for continuous features: frames (B, S, F) are stacked (stack_frames), projected
+    to D, LayerNorm'd, given absolute positions (none with TUPE) and dropped out."""
+
+    def __init__(self, cfg: ModelConfig, positions: nn.Module | None) -> None:
+        super().__init__()
+        self.feature_dim, self.stack, self.skip = cfg.feature_dim, cfg.frame_stack, cfg.frame_skip
+        self.proj = nn.Linear(cfg.frame_stack * cfg.feature_dim, cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.positions = positions
+        self.dropout = Dropout(cfg.dropout)
+
+    def forward(self, frames: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """frames (B, S, F) float, counts (B,) real frames -> (B, S', D), counts' (B,) model frames."""
+        if frames.dim() != 3 or frames.shape[-1] != self.feature_dim or not frames.is_floating_point():
+            raise ValueError(f"the frame encoder reads float frames (batch, frames, {self.feature_dim}); got "
+                             f"{tuple(frames.shape)} {frames.dtype} (model.feature_dim={self.feature_dim})")
+        x, counts = stack_frames(frames, counts, self.stack, self.skip)
+        x = self.norm(self.proj(x))  # (B, S', D)
+        if self.positions is not None:
+            x = x + self.positions(x.shape[1])
+        return self.dropout(x), counts
 
 
 class Transformer(nn.Module):
@@ -111,13 +156,21 @@ class Transformer(nn.Module):
             )
         self.cfg = cfg
         D = cfg.d_model
-        positions = build_positions(cfg.positions, D, cfg.max_positions)  # no weights when sinusoidal
-        src_tokens = nn.Embedding(src_vocab, D)
-        tgt_tokens = src_tokens if cfg.share_embeddings else nn.Embedding(tgt_vocab, D)
-        tgt_positions = positions if cfg.positions == "sinusoidal" else build_positions(
-            cfg.positions, D, cfg.max_positions)
-        self.src_embed = Embeddings(src_tokens, positions, cfg.dropout)
+        enc_kind, dec_kind = cfg.side_positions("encoder"), cfg.side_positions("decoder")
+        positions = build_positions(enc_kind, D, cfg.max_positions)  # no weights when sinusoidal
+        shared = enc_kind == dec_kind == "sinusoidal"
+        tgt_positions = positions if shared else build_positions(dec_kind, D, cfg.max_positions)
+        tgt_tokens = nn.Embedding(tgt_vocab, D)
+        if cfg.source == "features":  # src_vocab is unused: frames are projected, not looked up
+            self.src_embed: Embeddings | FrameEmbeddings = FrameEmbeddings(cfg, positions)
+        else:
+            src_tokens = tgt_tokens if cfg.share_embeddings else nn.Embedding(src_vocab, D)
+            self.src_embed = Embeddings(src_tokens, positions, cfg.dropout)
         self.tgt_embed = Embeddings(tgt_tokens, tgt_positions, cfg.dropout)
+        bias = dict(d_model=D, n_heads=cfg.n_heads, max_positions=cfg.max_positions, untie_first=cfg.untie_first,
+                    buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
+        self.src_bias = build_attention_bias(enc_kind, causal=False, **bias)  # TUPE, else None
+        self.tgt_bias = build_attention_bias(dec_kind, causal=True, **bias)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == "pre"
@@ -145,20 +198,39 @@ class Transformer(nn.Module):
         """True when attention runs on graphs over packed tokens (model.attention: graph)."""
         return self.cfg.attention == "graph"
 
+    def position_bias(self, module: TupeBias | None, n_queries: int, n_keys: int, q_offset: int = 0
+                      ) -> Tensor | PositionBias | None:
+        """TUPE's self-attention bias for this layout, computed once per forward: (1, H, Lq, Lk) padded, a
+        PositionBias over sentence positions packed; None without TUPE."""
+        if module is None:
+            return None
+        table = module(n_queries, n_keys, q_offset)  # (H, Lq, Lk)
+        return PositionBias(table) if self.packed else table[None]
+
     def encode(self, src: Tensor, src_lengths: Tensor, need_weights: bool = False) -> EncoderOutput:
-        """src (B, S) token ids, src_lengths (B,) -> memory (B, S, D), or (1, Ns, D) packed."""
-        src_mask = padding_mask(src_lengths, src.shape[1])  # (B, S)
+        """src (B, S) token ids, or (B, S, F) float frames; src_lengths (B,) -> memory (B, S, D) (S' model
+        frames for features), or (1, Ns, D) packed."""
+        frames = None
+        if isinstance(self.src_embed, FrameEmbeddings):
+            frames, src_lengths = self.src_embed(src, src_lengths)  # (B, S', D), model frames per utterance
+        S = src.shape[1] if frames is None else frames.shape[1]
+        src_mask = padding_mask(src_lengths, S)  # (B, S)
         if self.packed:
             mask = self_graph(src_lengths, self.encoder_structure, causal=False)  # Ns nodes
-            x = self.src_embed.packed(src[src_mask], packed_positions(src_lengths))  # (1, Ns, D)
+            if frames is None:
+                x = self.src_embed.packed(src[src_mask], packed_positions(src_lengths))  # (1, Ns, D)
+            else:
+                x = frames[src_mask][None]  # (1, Ns, D)
+            bias = self.position_bias(self.src_bias, int(src_lengths.max()), int(src_lengths.max()))
         else:
             mask = encoder_mask(src_mask)  # (B, 1, 1, S)
             if not self.encoder_structure.is_full:
-                mask = structured(mask, self.encoder_structure.mask(src.shape[1]).to(src.device), src_mask)
-            x = self.src_embed(src)  # (B, S, D)
+                mask = structured(mask, self.encoder_structure.mask(S).to(src.device), src_mask)
+            x = self.src_embed(src) if frames is None else frames  # (B, S, D)
+            bias = self.position_bias(self.src_bias, S, S)
         weights = []
         for layer in self.encoder_layers:
-            x, w = layer(x, mask, need_weights=need_weights)  # (B, S, D) or (1, Ns, D)
+            x, w = layer(x, mask, bias=bias, need_weights=need_weights)  # (B, S, D) or (1, Ns, D)
             weights.append(w)
         return EncoderOutput(self.encoder_norm(x), src_mask, weights if need_weights else None,
                              mask if self.packed else None)
@@ -176,6 +248,7 @@ class Transformer(nn.Module):
             self_mask = self_graph(tgt_lengths, self.decoder_structure, causal=True)  # Nt nodes
             cross_mask = bipartite_graph(tgt_lengths, enc.mask.sum(1))  # Nt queries, Ns keys
             x = self.tgt_embed.packed(tgt_in[tgt_mask], packed_positions(tgt_lengths))  # (1, Nt, D)
+            T = int(tgt_lengths.max())
         else:
             self_mask = decoder_mask(tgt_mask)  # (B, 1, T, T)
             if not self.decoder_structure.is_full:
@@ -183,12 +256,14 @@ class Transformer(nn.Module):
                 self_mask = structured(self_mask, pattern, tgt_mask)  # (B, 1, T, T)
             cross_mask = encoder_mask(enc.mask)  # (B, 1, 1, S)
             x = self.tgt_embed(tgt_in)  # (B, T, D)
+            T = tgt_in.shape[1]
+        self_bias = self.position_bias(self.tgt_bias, T, T)
         att = Attentions(encoder=enc.attentions or []) if need_weights else None
         if att is not None and self.packed:
             att.graphs.update(encoder=enc.graph, decoder=self_mask, cross=cross_mask)
         for layer in self.decoder_layers:
             kv = layer.cross_attn.project_kv(enc.memory)  # (B, H, S, Dh) each, or (1, H, Ns, Dh)
-            out = layer(x, self_mask, kv, cross_mask, need_weights=need_weights)
+            out = layer(x, self_mask, kv, cross_mask, self_bias=self_bias, need_weights=need_weights)
             x = out.x  # (B, T, D) or (1, Nt, D)
             if att is not None:
                 att.decoder.append(out.self_weights)
@@ -230,11 +305,12 @@ class Transformer(nn.Module):
             if not self.decoder_structure.is_full:
                 self_mask = torch.zeros(t + 1, dtype=torch.bool, device=tokens.device)
                 self_mask[self.decoder_structure.row(t).to(tokens.device)] = True  # (t+1,) broadcast
+        self_bias = self.position_bias(self.tgt_bias, 1, t + 1, q_offset=t)  # the row of position t
         new = {"src_mask": cache["src_mask"]}
         for i, layer in enumerate(self.decoder_layers):
             past = (cache[f"hyp.{i}.self.k"], cache[f"hyp.{i}.self.v"]) if t else None
             kv = (cache[f"{i}.cross.k"], cache[f"{i}.cross.v"])
-            out = layer(x, self_mask, kv, cross_mask, past=past)
+            out = layer(x, self_mask, kv, cross_mask, past=past, self_bias=self_bias)
             x = out.x  # (N, 1, D)
             new[f"hyp.{i}.self.k"], new[f"hyp.{i}.self.v"] = out.self_kv  # (N, H, t+1, Dh)
             new[f"{i}.cross.k"], new[f"{i}.cross.v"] = kv
