@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from tformer.config import ConfigError, check_inference_overrides, load_config, to_dict
+from tformer.config import SPEECH_TASKS, ConfigError, check_inference_overrides, load_config, to_dict
 
 log = logging.getLogger("tformer")
 HERE = Path(__file__).resolve().parent
@@ -72,6 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"steps: {result.step}  wall time: {result.elapsed:.1f}s  latest checkpoint: {result.checkpoint}")
     if best:
         score = (f"BLEU {best['bleu']:.2f}  chrF {best['chrf']:.2f}" if "bleu" in best
+                 else f"CER {best['cer']:.2f}%  WER {best['wer']:.2f}%" if "cer" in best
                  else f"exact match {best.get('exact_match', 0):.4f}")
         print(f"best validation: {score}  token acc {best['token_acc']:.4f}  loss {best['loss']:.4f}")
     return 130 if result.interrupted else 0
@@ -123,11 +125,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.print_config:
         _print_config(cfg)
         return 0
-    data = load_task(cfg.data, (args.split,), tokenizers=ckpt.tokenizers)
+    data = load_task(cfg.data, (args.split,), tokenizers=ckpt.tokenizers, feature_dim=cfg.model.feature_dim)
     tgt_tok = ckpt.tokenizers[1]
     sources, refs = data.texts[args.split]
     tic = time.perf_counter()
-    metrics, hyps = evaluate(model, data.examples[args.split], cfg)
+    speech = cfg.data.task in SPEECH_TASKS
+    metrics, hyps = evaluate(model, data.examples[args.split], cfg, references=refs if speech else None,
+                             tokenizer=tgt_tok)
     seconds = time.perf_counter() - tic
     outputs = [tgt_tok.decode(h) for h in hyps]
     scores = translation_scores(outputs, refs, cfg.data.tgt_lang) if cfg.data.task == "translation" else None
@@ -150,6 +154,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             print(f"  sacreBLEU      {scores.bleu:6.2f}   {scores.bleu_signature}")
             print(f"  chrF           {scores.chrf:6.2f}   {scores.chrf_signature}")
             print(f"  tokenized BLEU {scores.tok_bleu:6.2f}   {scores.tok_bleu_signature}")
+        elif speech:
+            print(f"  character error rate {metrics['cer']:6.2f}%   word error rate {metrics['wer']:6.2f}%")
         else:
             print(f"  exact match (free-running)  {metrics['exact_match']:.4f}")
         print(f"  decoding: {_describe_decode(cfg)}; {seconds:.1f}s")
@@ -211,6 +217,33 @@ def cmd_translate(args: argparse.Namespace) -> int:
             inp.close()
         if args.output:
             out.close()
+    return 0
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    from tformer.data.speech import load_frames, read_speech_split
+    from tformer.inference import translate_ids
+
+    ckpt, model = _load_for_inference(args)
+    cfg = ckpt.cfg
+    if cfg.model.source != "features":
+        raise ConfigError(f"{args.checkpoint} reads token ids; use tformer translate")
+    if bool(args.tsv) == bool(args.files):
+        raise ConfigError("give either --tsv FILE (id<TAB>transcript lines, .npy files beside it) or .npy files")
+    if args.tsv:
+        tsv = Path(args.tsv)
+        data_cfg = dataclasses.replace(cfg.data, dir=str(tsv.parent), test_prefix=tsv.name.removesuffix(".tsv"))
+        utts = read_speech_split(data_cfg, "test", cfg.model.feature_dim)
+        ids, frames = utts.ids, utts.frames
+    else:
+        ids = [Path(f).stem for f in args.files]
+        frames = [load_frames(Path(f), cfg.model.feature_dim) for f in args.files]
+    result = translate_ids(model, frames, cfg.decode)
+    lines = [f"{i}\t{ckpt.tokenizers[1].decode(h[0])}\n" for i, h in zip(ids, result.tokens)]
+    if args.output:
+        Path(args.output).write_text("".join(lines), encoding="utf-8")
+    else:
+        sys.stdout.write("".join(lines))
     return 0
 
 
@@ -293,7 +326,7 @@ def cmd_ponder(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     max_steps = ckpt.cfg.model.max_steps
-    data = load_task(ckpt.cfg.data, (args.split,), tokenizers=ckpt.tokenizers)
+    data = load_task(ckpt.cfg.data, (args.split,), tokenizers=ckpt.tokenizers, feature_dim=ckpt.cfg.model.feature_dim)
     src_steps, tgt_steps = ponder_steps(model, data.examples[args.split])
     plot_step_histogram(src_steps, tgt_steps, max_steps, out / "steps_histogram.png")
     for name, steps in (("source", src_steps), ("target", tgt_steps)):
@@ -383,10 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--batch-size", type=int, help="sentences per decoding batch (decode.batch_size); "
                         "results do not depend on it")
 
-    sp = sub.add_parser("evaluate", help="BLEU/chrF (translation) or exact match (synthetic) on a split",
+    sp = sub.add_parser("evaluate", help="BLEU/chrF (translation), CER/WER (speech) or exact match on a split",
                         description="Evaluate a checkpoint on a split of the data it was trained with: "
                         "teacher-forced loss and accuracy, then free-running decoding scored by sacreBLEU, "
-                        "chrF and tokenized BLEU (translation) or exact match (synthetic tasks).")
+                        "chrF and tokenized BLEU (translation), character and word error rates (speech) or "
+                        "exact match (synthetic tasks).")
     sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
     sp.add_argument("--split", default="test", choices=("train", "valid", "test"))
     sp.add_argument("--examples", type=int, default=0, help="also print this many decoded examples")
@@ -407,6 +441,18 @@ def build_parser() -> argparse.ArgumentParser:
     decoding(sp)
     common(sp, inference_help)
     sp.set_defaults(func=cmd_translate)
+
+    sp = sub.add_parser("transcribe", help="transcribe .npy feature files with a frame-encoder model",
+                        description="Decode utterances of float frames (numpy .npy, (frames, model.feature_dim)) "
+                        "and write 'id<TAB>transcript' lines. Input: .npy files, or --tsv of 'id<TAB>anything' "
+                        "lines with {id}.npy beside it.")
+    sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
+    sp.add_argument("files", nargs="*", default=[], metavar="FILE.npy", help="feature files")
+    sp.add_argument("--tsv", help="a list of utterances (the 'speech' data format)")
+    sp.add_argument("--output", help="output file (default: standard output)")
+    decoding(sp)
+    sp.add_argument("--print-config", action="store_true", help="print the full configuration and exit")
+    sp.set_defaults(func=cmd_transcribe, overrides=[])
 
     sp = sub.add_parser("data", help="download Multi30k, or write a synthetic task as text files",
                         description="multi30k: download the official Multi30k task-1 English-German files "

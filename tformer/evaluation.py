@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from tformer.config import Config, DecodeConfig
+from tformer.config import SPEECH_TASKS, Config, DecodeConfig
+from tformer.data.speech import error_rates
 from tformer.data import Example, Tokenizer, Vocab, collate, model_lengths, token_budget_batches
 from tformer.inference import translate_ids
 from tformer.metrics import exact_match, token_accuracy, translation_scores
@@ -20,7 +21,7 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    src_lens, tgt_lens = model_lengths(examples)
+    src_lens, tgt_lens = model_lengths(examples, cfg.model.frame_skip)
     batches = token_budget_batches(src_lens, tgt_lens, max(cfg.train.max_tokens, max(src_lens + tgt_lens)),
                                    shuffle=False)
     loss = nll = correct = total = 0.0
@@ -43,7 +44,8 @@ def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_runn
              tokenizer: Tokenizer | None = None) -> tuple[dict[str, float], list[list[int]]]:
     """Teacher-forced metrics plus, if asked, free-running decoding (`decode`, else cfg.decode) scored by
     whole-sequence exact match or, given `references` and the target `tokenizer`, by sacreBLEU, chrF and
-    tokenized BLEU of the detokenised output. Returns the metrics and the hypotheses (ids)."""
+    tokenized BLEU of the detokenised output (speech tasks: character and word error rates). Returns the
+    metrics and the hypotheses (ids)."""
     metrics = teacher_forced(model, examples, cfg)
     hyps: list[list[int]] = []
     if free_running:
@@ -53,8 +55,11 @@ def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_runn
         else:
             if tokenizer is None:
                 raise ValueError("scoring against references needs the target tokenizer")
-            scores = translation_scores([tokenizer.decode(h) for h in hyps], references, cfg.data.tgt_lang)
-            metrics.update(scores.as_dict())
+            texts = [tokenizer.decode(h) for h in hyps]
+            if cfg.data.task in SPEECH_TASKS:
+                metrics.update(error_rates(texts, references))
+            else:
+                metrics.update(translation_scores(texts, references, cfg.data.tgt_lang).as_dict())
     metrics["n"] = len(examples)
     return metrics, hyps
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from tformer.config import DecodeConfig
-from tformer.data.batching import pad_sequences
+from tformer.data.batching import pad_frames, pad_sequences
 from tformer.data.vocab import Vocab
 from tformer.decode import NBest, max_lengths, search
 from tformer.model import Transformer, build_model
@@ -13,9 +14,10 @@ from tformer.train.checkpoint import Checkpoint, load_checkpoint
 
 
 @torch.inference_mode()
-def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfig) -> NBest:
-    """Decode every source (ids, no specials), `cfg.batch_size` at a time, longest first; results in input
-    order. Each sentence's output is independent of the batch it lands in."""
+def translate_ids(model: Transformer, sources: list[list[int]] | list[Tensor], cfg: DecodeConfig) -> NBest:
+    """Decode every source (ids, no specials; or frames (S, F) for a frame encoder), `cfg.batch_size` at a
+    time, longest first; results in input order. Each sentence's output is independent of the batch it lands
+    in. The length limit is a * (model source length) + b: tokens, or model frames after stacking."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -25,10 +27,16 @@ def translate_ids(model: Transformer, sources: list[list[int]], cfg: DecodeConfi
     try:
         for start in range(0, len(order), cfg.batch_size):
             rows = order[start : start + cfg.batch_size]
-            src = pad_sequences([sources[i] + [Vocab.eos] for i in rows], Vocab.pad).to(device)  # (B, S)
-            src_lengths = torch.tensor([len(sources[i]) + 1 for i in rows], device=device)  # (B,)
-            cache = model.init_cache(model.encode(src, src_lengths))
-            limit = max_lengths(src_lengths - 1, cfg.max_len_a, cfg.max_len_b)  # (B,)
+            if isinstance(sources[rows[0]], Tensor):
+                src = pad_frames([sources[i] for i in rows]).to(device)  # (B, S, F)
+                src_lengths = torch.tensor([len(sources[i]) for i in rows], device=device)  # (B,)
+            else:
+                src = pad_sequences([sources[i] + [Vocab.eos] for i in rows], Vocab.pad).to(device)  # (B, S)
+                src_lengths = torch.tensor([len(sources[i]) + 1 for i in rows], device=device)  # (B,)
+            enc = model.encode(src, src_lengths)
+            cache = model.init_cache(enc)
+            n_src = enc.mask.sum(1) - (0 if src.is_floating_point() else 1)  # without </s>
+            limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
             hyp = search(model.decode_step, cache, limit, cfg, ids=rows)
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score

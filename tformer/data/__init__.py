@@ -59,14 +59,17 @@ class TaskData:
 
 
 def load_task(cfg: DataConfig, splits: tuple[str, ...] = SPLITS, joint: bool = False,
-              tokenizers: Tokenizers | None = None) -> TaskData:
+              tokenizers: Tokenizers | None = None, feature_dim: int = 0) -> TaskData:
     """The splits asked for, as text and as ids. Without `tokenizers`, they are built from the training
-    split (SentencePiece is trained for 'translation')."""
+    split (SentencePiece is trained for 'translation'). Speech tasks need `feature_dim` (model.feature_dim):
+    their sources are frames (S, F), their texts (utterance ids, transcripts)."""
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"unknown split '{s}'; choose one of {', '.join(SPLITS)}")
     if cfg.task == "translation":
         return _load_translation(cfg, splits, joint, tokenizers)
+    if cfg.task in ("speech", "synthetic_speech"):
+        return _load_speech(cfg, splits, tokenizers, feature_dim)
     pairs = {s: load_pairs(cfg, s) for s in splits}
     if tokenizers is None:
         train = pairs["train"] if "train" in pairs else load_pairs(cfg, "train")
@@ -91,4 +94,26 @@ def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tok
     for s, corpus in corpora.items():
         examples[s], keep = encode_split(cfg, s, corpus, tokenizers)
         texts[s] = ([corpus.src[i] for i in keep], [corpus.tgt[i] for i in keep])
+    return TaskData(tokenizers, texts, examples)
+
+
+def _load_speech(cfg: DataConfig, splits: tuple[str, ...], tokenizers: Tokenizers | None, feature_dim: int
+                 ) -> TaskData:
+    from tformer.data.speech import CharTokenizer, FrameInput, load_utterances
+    from tformer.data.tokenizer import train_sentencepiece
+
+    if feature_dim < 1:
+        raise ValueError("speech tasks need the model's feature dimension (model.feature_dim)")
+    utts = {s: load_utterances(cfg, s, feature_dim) for s in splits}
+    if tokenizers is None:
+        train = utts["train"] if "train" in utts else load_utterances(cfg, "train", feature_dim)
+        if cfg.target_units == "char":
+            target: Tokenizer = CharTokenizer.build(train.transcripts)
+        else:
+            target = train_sentencepiece(train.transcripts, cfg.vocab_size, cfg.subword, cfg.character_coverage,
+                                         "the transcripts")
+        tokenizers = (FrameInput(), target)
+    tgt = tokenizers[1]
+    examples = {s: [(f, tgt.encode(t)) for f, t in zip(u.frames, u.transcripts)] for s, u in utts.items()}
+    texts = {s: (list(u.ids), list(u.transcripts)) for s, u in utts.items()}
     return TaskData(tokenizers, texts, examples)

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-Example = tuple[list[int], list[int]]  # (source ids, target ids), no specials
+Example = tuple["list[int] | Tensor", list[int]]  # (source ids, or frames (S, F); target ids), no specials
 
 
-def model_lengths(examples: list[Example]) -> tuple[list[int], list[int]]:
-    """Source + </s>, <s> + target: the lengths the model sees."""
-    return [len(s) + 1 for s, _ in examples], [len(t) + 1 for _, t in examples]
+def model_lengths(examples: list[Example], frame_skip: int = 1) -> tuple[list[int], list[int]]:
+    """Source + </s> (frames: ceil(S / frame_skip), what the frame encoder keeps), <s> + target: the lengths
+    the model sees."""
+    src = [-(-len(s) // frame_skip) if isinstance(s, Tensor) else len(s) + 1 for s, _ in examples]
+    return src, [len(t) + 1 for _, t in examples]
 
 
 def token_budget_batches(
@@ -65,7 +67,7 @@ def token_budget_batches(
 
 @dataclass
 class Batch:
-    src: Tensor  # (B, S) ids + </s>, padded
+    src: Tensor  # (B, S) ids + </s>, padded; or (B, S, F) float frames
     src_lengths: Tensor  # (B,)
     tgt_in: Tensor  # (B, T) <s> + ids, padded
     tgt_out: Tensor  # (B, T) ids + </s>, padded
@@ -92,13 +94,27 @@ def pad_sequences(seqs: list[list[int]], pad: int) -> Tensor:
     return out
 
 
+def pad_frames(frames: list[Tensor]) -> Tensor:
+    """(S_i, F) each -> (B, S, F), zeros past each utterance."""
+    out = frames[0].new_zeros(len(frames), max(f.shape[0] for f in frames), frames[0].shape[1])
+    for row, f in enumerate(frames):
+        out[row, : f.shape[0]] = f
+    return out
+
+
 def collate(examples: list[Example], indices: list[int], pad: int, bos: int, eos: int) -> Batch:
-    src = [s + [eos] for s, _ in examples]
+    """Padded tensors; token sources get </s>, frame sources are padded with zeros (their lengths count
+    input frames: the model's front end stacks them)."""
+    if isinstance(examples[0][0], Tensor):
+        src_t, src_lengths = pad_frames([s for s, _ in examples]), [s.shape[0] for s, _ in examples]
+    else:
+        src = [s + [eos] for s, _ in examples]
+        src_t, src_lengths = pad_sequences(src, pad), [len(s) for s in src]
     tgt_in = [[bos] + t for _, t in examples]
     tgt_out = [t + [eos] for _, t in examples]
     return Batch(
-        src=pad_sequences(src, pad),
-        src_lengths=torch.tensor([len(s) for s in src]),
+        src=src_t,
+        src_lengths=torch.tensor(src_lengths),
         tgt_in=pad_sequences(tgt_in, pad),
         tgt_out=pad_sequences(tgt_out, pad),
         tgt_lengths=torch.tensor([len(t) for t in tgt_in]),

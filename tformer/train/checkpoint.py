@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from tformer.config import Config, ConfigError, load_config, save_config
+from tformer.data.speech import CharTokenizer, FrameInput
 from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
 
@@ -172,21 +173,43 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
     return complete[-1]
 
 
+def _kind(tok: Tokenizer) -> str:
+    return {SubwordTokenizer: "subword", CharTokenizer: "char", FrameInput: "frames"}.get(type(tok), "word")
+
+
 def save_tokenizers(tokenizers: Tokenizers, folder: Path) -> None:
-    """vocab.{src,tgt}.txt always; spm.{src,tgt}.model for SentencePiece tokenizers."""
+    """vocab.{src,tgt}.txt always; spm.{src,tgt}.model for SentencePiece tokenizers; tokenizers.txt names the
+    kind of each side when one is not a word or SentencePiece tokenizer (characters, frames)."""
+    kinds = []
     for side, tok in zip(("src", "tgt"), tokenizers):
         tok.vocab.save(folder / f"vocab.{side}.txt")
         if isinstance(tok, SubwordTokenizer):
             tok.save(folder / f"spm.{side}.model")
+        kinds.append(f"{side} {_kind(tok)}\n")
+    if any(k.split()[1] in ("char", "frames") for k in kinds):
+        (folder / "tokenizers.txt").write_text("".join(kinds), encoding="utf-8")
 
 
 def load_tokenizers(folder: Path) -> Tokenizers:
+    kinds = {"src": "", "tgt": ""}
+    if (folder / "tokenizers.txt").exists():
+        for n, line in enumerate((folder / "tokenizers.txt").read_text(encoding="utf-8").splitlines(), 1):
+            side, _, kind = line.partition(" ")
+            if side not in kinds or kind not in ("word", "subword", "char", "frames"):
+                raise CheckpointError(f"{folder / 'tokenizers.txt'}, line {n}: expected 'src|tgt word|subword|"
+                                      f"char|frames', got {line!r}")
+            kinds[side] = kind
     out = []
     for side in ("src", "tgt"):
         try:
             vocab = Vocab.load(folder / f"vocab.{side}.txt")
             model = folder / f"spm.{side}.model"
-            tok = SubwordTokenizer.load(model) if model.exists() else WordTokenizer(vocab)
+            if kinds[side] == "char":
+                tok = CharTokenizer(vocab)
+            elif kinds[side] == "frames":
+                tok = FrameInput(vocab)
+            else:
+                tok = SubwordTokenizer.load(model) if model.exists() else WordTokenizer(vocab)
         except ValueError as e:
             raise CheckpointError(str(e)) from None
         if tok.vocab != vocab:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from tformer.config import Config, TrainConfig, save_config
+from tformer.config import SPEECH_TASKS, Config, TrainConfig, save_config
 from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_budget_batches
 from tformer.evaluation import evaluate
 from tformer.metrics import token_accuracy
@@ -147,10 +148,12 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
 
 
 def _better(metrics: dict[str, float], best: dict[str, Any] | None) -> bool:
-    """Higher validation BLEU (translation) or exact match (synthetic tasks) wins; ties go to the lower
-    validation loss. Never the test set."""
+    """Higher validation BLEU (translation), lower character error rate (speech) or higher exact match
+    (synthetic tasks) wins; ties go to the lower validation loss. Never the test set."""
     if best is None:
         return True
+    if "cer" in metrics:
+        return (-metrics["cer"], -metrics["loss"]) > (-best.get("cer", math.inf), -best["loss"])
     key = "bleu" if "bleu" in metrics else "exact_match"
     return (metrics.get(key, 0.0), -metrics["loss"]) > (best.get(key, 0.0), -best["loss"])
 
@@ -187,7 +190,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
 
     torch.manual_seed(t.seed)
     data = load_task(cfg.data, ("train", "valid"), joint=cfg.model.share_embeddings,
-                     tokenizers=ckpt.tokenizers if ckpt else None)
+                     tokenizers=ckpt.tokenizers if ckpt else None, feature_dim=cfg.model.feature_dim)
     tokenizers = data.tokenizers
     model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab))
     optimizer = build_optimizer(model, cfg)
@@ -208,10 +211,10 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
              len(data.examples["train"]), len(data.examples["valid"]), run_dir)
 
     train_ex, valid_ex = data.examples["train"], data.examples["valid"]
-    valid_refs = data.texts["valid"][1] if cfg.data.task == "translation" else None
+    valid_refs = data.texts["valid"][1] if cfg.data.task in ("translation", *SPEECH_TASKS) else None
     valid_decode = dataclasses.replace(cfg.decode, strategy="greedy" if t.valid_beam == 1 else "beam",
                                        beam_size=t.valid_beam, nbest=1)
-    src_lens, tgt_lens = model_lengths(train_ex)
+    src_lens, tgt_lens = model_lengths(train_ex, cfg.model.frame_skip)
     if ckpt:
         _truncate_metrics(run_dir / "metrics.jsonl", step)
     metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
@@ -255,6 +258,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         write({"kind": "valid", "step": step, "epoch": state["epoch"], "elapsed": round(elapsed(), 2),
                **{k: round(v, 6) for k, v in metrics.items()}})
         scores = (f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}" if "bleu" in metrics
+                  else f"CER {metrics['cer']:.2f}%  WER {metrics['wer']:.2f}%" if "cer" in metrics
                   else f"exact match {metrics['exact_match']:.4f}")
         log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  %s  (%.0f s)", step, metrics["loss"],
                  metrics["ppl"], metrics["token_acc"], scores, metrics["eval_seconds"])
@@ -262,7 +266,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         if t.patience and state["bad_evals"] >= t.patience:
             stop_early = True
             log.info("no better validation %s in %d evaluations: stopping early (best: step %s)",
-                     "BLEU" if "bleu" in metrics else "score", t.patience, state["best_step"])
+                     "BLEU" if "bleu" in metrics else "CER" if "cer" in metrics else "score", t.patience,
+                     state["best_step"])
         model.train()
         return metrics
 
