@@ -199,3 +199,53 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
     np.save(tmp_path / "bad.npy", np.zeros((3, 7), dtype=np.float32))
     assert main(["transcribe", "--checkpoint", str(tmp_path / "run"), str(tmp_path / "bad.npy")]) == 2
     assert "7 values per frame" in capsys.readouterr().err
+
+
+def test_subword_targets_and_their_checkpoint_files(tmp_path):
+    from tformer.data.tokenizer import SubwordTokenizer
+    from tformer.train.checkpoint import CheckpointError, load_tokenizers, save_tokenizers
+
+    cfg = DataConfig(task="synthetic_speech", train_size=300, valid_size=5, test_size=5, target_units="subword",
+                     vocab_size=60)
+    data = load_task(cfg, ("train", "valid"), feature_dim=8)
+    src, tgt = data.tokenizers
+    assert isinstance(tgt, SubwordTokenizer) and len(tgt.vocab) == 60
+    frames, ids = data.examples["valid"][0]
+    assert frames.shape[1] == 8 and tgt.decode(ids) == data.texts["valid"][1][0]
+    save_tokenizers(data.tokenizers, tmp_path)
+    back = load_tokenizers(tmp_path)
+    assert type(back[0]) is type(src) and back[1].fingerprint() == tgt.fingerprint()
+    (tmp_path / "tokenizers.txt").write_text("src frames\ntgt klingon\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="tokenizers.txt, line 2"):
+        load_tokenizers(tmp_path)
+
+
+def test_char_tokenizer_survives_a_checkpoint(tmp_path):
+    from tformer.data.speech import FrameInput
+    from tformer.train.checkpoint import load_tokenizers, save_tokenizers
+
+    tok = CharTokenizer.build(["ab c", "dé"])
+    save_tokenizers((FrameInput(), tok), tmp_path)
+    src, tgt = load_tokenizers(tmp_path)
+    assert isinstance(src, FrameInput) and isinstance(tgt, CharTokenizer)
+    assert tgt.decode(tgt.encode("c dé ab")) == "c dé ab" and tgt.vocab == tok.vocab
+
+
+def test_training_on_a_speech_corpus_on_disk(tmp_path, capsys):
+    from tformer.cli import main
+
+    gen = DataConfig(task="synthetic_speech", train_size=60, valid_size=6, test_size=6, length_mean=4, min_len=2,
+                     max_len=6)
+    for split in ("train", "valid", "test"):
+        write_speech_split(tmp_path / "corpus", split, synthetic_speech_split(gen, split, 8))
+    over = [f"data.dir={tmp_path / 'corpus'}", "data.task=speech", "model.feature_dim=8", "model.d_model=32",
+            "model.d_ff=64", "model.encoder_layers=1", "train.max_steps=4", "train.eval_every=2",
+            "train.max_hours=0", "model.attention=graph"]
+    assert main(["train", "--config", "speech_synthetic", "--run-dir", str(tmp_path / "run"), *over]) == 0
+    assert "best validation: CER" in capsys.readouterr().out
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    np.save(tmp_path / "corpus" / "train-000003.npy", np.zeros((5, 9), dtype=np.float32))  # now broken
+    assert main(["train", "--config", "speech_synthetic", "--run-dir", str(tmp_path / "run2"), *over]) == 2
+    err = capsys.readouterr().err
+    assert "train.tsv, line 4: utterance 'train-000003'" in err and "9 values per frame" in err
+    assert not (tmp_path / "run2").exists()  # nothing written for a corpus that cannot be read

@@ -186,11 +186,10 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     elif (run_dir / "checkpoints").is_dir() and list_checkpoints(run_dir / "checkpoints"):
         raise CheckpointError(f"{run_dir} already holds checkpoints; add --resume to continue it, "
                               "or choose another --run-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-
     torch.manual_seed(t.seed)
     data = load_task(cfg.data, ("train", "valid"), joint=cfg.model.share_embeddings,
                      tokenizers=ckpt.tokenizers if ckpt else None, feature_dim=cfg.model.feature_dim)
+    run_dir.mkdir(parents=True, exist_ok=True)  # only once the data is read: a bad corpus leaves nothing behind
     tokenizers = data.tokenizers
     model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab))
     optimizer = build_optimizer(model, cfg)
