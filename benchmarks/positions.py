@@ -1,5 +1,6 @@
 """Position schemes side by side at an equal training budget (the same number of updates, the same batches):
-sinusoidal vs learned vs TUPE-A vs TUPE-R, on the encoder and the decoder alike.
+sinusoidal vs learned vs TUPE-A vs TUPE-R, on the encoder and the decoder alike (or, as `tupe-enc` /
+`tupe-r-enc`, TUPE in the encoder with a sinusoidal decoder, as the TUPE source does).
 
     python benchmarks/positions.py copy speech multi30k [--schemes ...] [--steps N ...] [--append]
 
@@ -33,12 +34,15 @@ from tformer.inference import load_model  # noqa: E402
 from tformer.train.loop import train  # noqa: E402
 
 SCHEMES = ("sinusoidal", "learned", "tupe", "tupe-r")
+ENCODER_ONLY = ("tupe-enc", "tupe-r-enc")  # TUPE in the encoder, sinusoidal in the decoder (as the source)
 STEPS = {"copy": 800, "speech": 1000, "multi30k": 600}
 RECIPES = {"copy": "copy", "speech": "speech_synthetic", "multi30k": "multi30k_en_de"}
 
 
 def overrides_for(task: str, scheme: str, steps: int) -> list[str]:
-    common = [f"model.positions={scheme}", "model.decoder_positions=", f"train.max_steps={steps}",
+    encoder_only = scheme.endswith("-enc")
+    common = [f"model.positions={scheme.removesuffix('-enc')}",
+              "model.decoder_positions=" + ("sinusoidal" if encoder_only else ""), f"train.max_steps={steps}",
               "train.epochs=10000", "train.max_hours=0", "train.patience=0"]
     if task == "copy":
         return common + ["data.max_len=20", "train.target_exact_match=0", f"train.eval_every={steps // 4}"]
@@ -118,7 +122,8 @@ TITLES = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tasks", nargs="+", choices=tuple(STEPS))
-    ap.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    ap.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES + ENCODER_ONLY,
+                    help="position schemes on both sides; *-enc: TUPE in the encoder only")
     ap.add_argument("--steps", nargs="+", type=int, help="updates per run, one per task (default: "
                     + ", ".join(f"{k} {v}" for k, v in STEPS.items()) + ")")
     ap.add_argument("--append", action="store_true", help="append each task's table to benchmarks/RESULTS.md")

@@ -173,7 +173,7 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
             "data.min_len=2", "data.max_len=6", "data.symbols=5", "data.noise=0.5", "model.feature_dim=16",
             "model.d_model=64", "model.d_ff=128", "model.encoder_layers=1", "train.max_steps=400",
             "train.eval_every=200", "train.warmup=60", "train.max_tokens=1500", "train.max_hours=0",
-            "train.patience=0", "train.epochs=1000"]
+            "train.patience=0", "train.epochs=1000", "model.positions=tupe-r", "model.decoder_positions=sinusoidal"]
     cfg = load_config("configs/speech_synthetic.yaml", over)
     result = train(cfg, tmp_path / "run")
     assert result.best["cer"] < 75.0  # learning (measured 45% after 400 steps; untrained models are > 100%)
