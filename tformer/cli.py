@@ -451,7 +451,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tsv", help="a list of utterances (the 'speech' data format)")
     sp.add_argument("--output", help="output file (default: standard output)")
     decoding(sp)
-    sp.add_argument("--print-config", action="store_true", help="print the full configuration and exit")
     sp.set_defaults(func=cmd_transcribe, overrides=[])
 
     sp = sub.add_parser("data", help="download Multi30k, or write a synthetic task as text files",

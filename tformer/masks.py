@@ -84,8 +84,8 @@ class Graph:
     def edges(self) -> tuple[Tensor, Tensor]:
         """(query (E,), key (E,)) int64."""
         if self._edges is None:
-            *self._edges, self._segment_of_edge = _segment_edges(self.segments)
-            self._edges = tuple(self._edges)
+            query, key, self._segment_of_edge = _segment_edges(self.segments)
+            self._edges = (query, key)
         return self._edges
 
     def local_positions(self) -> tuple[Tensor, Tensor]:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import DataConfig
-from tformer.data.corpus import normalize
+from tformer.data.corpus import normalize, read_lines
 from tformer.data.synthetic import SPLITS, symbol_names
 from tformer.data.vocab import Vocab
 
@@ -129,8 +129,6 @@ def read_speech_split(cfg: DataConfig, split: str, feature_dim: int) -> Utteranc
     prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
     folder = Path(cfg.dir)
     tsv = folder / f"{prefix}.tsv"
-    from tformer.data.corpus import read_lines
-
     lines = read_lines(tsv)  # missing file, gzip, invalid UTF-8: errors with the line
     out = Utterances([], [], [])
     problems: list[str] = []
