@@ -358,6 +358,70 @@ def cmd_ponder(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attention(args: argparse.Namespace) -> int:
+    from tformer.viz.attention import KINDS, inspect_sentence, plot_attention, plot_head_grid, save_figure
+
+    ckpt, model = _load_for_inference(args)
+    if ckpt.cfg.model.source == "features":
+        raise ValueError(f"{args.checkpoint} reads feature frames; attention pictures need a text model")
+    info = inspect_sentence(model, ckpt.tokenizers, args.sentence, ckpt.cfg.decode, target=args.target)
+    text, score, _ = info.hypotheses[0]
+    maps = info.maps[0]
+    out = Path(args.out)
+    kinds = args.kind or list(KINDS)
+    written = []
+    for kind in kinds:
+        layers = args.layer if args.layer is not None else list(range(maps.layers(kind)))
+        for layer in layers:
+            name = f"{kind}_{maps.layer_name}{layer}"
+            figures = ([(plot_head_grid(maps, kind, layer), f"{name}_heads")] if args.head is None else
+                       [(plot_attention(maps, kind, layer, h), f"{name}_head{h}") for h in args.head])
+            for fig, stem in figures:
+                written += save_figure(fig, [out / f"{stem}.{fmt}" for fmt in args.format])
+    print(f"source pieces: {' '.join(info.pieces)}")
+    print(f"{'forced target' if args.target else 'translation'}: {text}  (score {score:.3f})")
+    if maps.steps is not None:
+        print(f"ACT steps per source token: {maps.steps[0]}\nACT steps per target token: {maps.steps[1]}")
+    print(f"wrote {len(written)} files to {out}/")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from tformer.viz.curves import plot_curves
+
+    run = Path(args.run_dir)
+    out = Path(args.out) if args.out else run / "plots"
+    _, panels = plot_curves(run, out / "curves")
+    print(f"wrote {out / 'curves.png'} and {out / 'curves.svg'}: {', '.join(panels)}")
+    return 0
+
+
+def cmd_animate(args: argparse.Namespace) -> int:
+    from tformer.viz.attention import KINDS
+    from tformer.viz.record import animate_attention, animate_head_grid, animate_steps, load_recording
+
+    rec = load_recording(args.run_dir)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "animations"
+    maps = rec.maps[-1][0] if 0 <= args.example < rec.n_examples else None
+    if maps is None:
+        raise ValueError(f"the recording has {rec.n_examples} examples (0..{rec.n_examples - 1}); got {args.example}")
+    written = []
+    for kind in args.kind or KINDS:
+        n_layers = max(frame[args.example].layers(kind) for frame in rec.maps)
+        for layer in args.layer if args.layer is not None else range(n_layers):
+            stem = f"ex{args.example}_{kind}_{maps.layer_name}{layer}"
+            if args.head is None:
+                written.append(animate_head_grid(rec, args.example, kind, layer, out / f"{stem}_heads.gif", args.ms))
+            for head in (args.head if args.head is not None else range(maps.heads()) if args.every_head else []):
+                written.append(animate_attention(rec, args.example, kind, layer, head, out / f"{stem}_head{head}.gif",
+                                                 args.ms))
+    if maps.steps is not None:
+        written.append(animate_steps(rec, args.example, out / f"ex{args.example}_act_steps.gif", ms_per_frame=args.ms))
+    print(f"{len(rec.steps)} recorded steps ({rec.steps[0]} .. {rec.steps[-1]}); source: {' '.join(maps.source)}")
+    print(f"wrote {len(written)} GIFs to {out}/")
+    return 0
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from tformer.config import StructureConfig
     from tformer.structures import build_structure
@@ -481,6 +545,50 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sentence", help="a source sentence to decode and map, step by step")
     sp.add_argument("--out", required=True, help="folder for the pictures")
     sp.set_defaults(func=cmd_ponder)
+
+    sp = sub.add_parser("attention", help="attention maps of one sentence: per kind, layer and head, PNG/SVG",
+                        description="Translate a sentence (or force --target) and draw the attention weights "
+                        "the model computed: one grid of all heads per kind and layer, or single heads "
+                        "(--head). Rows are queries, columns keys, labelled with the tokens; decoder rows are "
+                        "labelled by the token they produce. Universal transformers: one map per ACT step, "
+                        "positions that had halted left blank. Example: tformer attention --checkpoint "
+                        "runs/m30k --sentence 'A dog runs on the beach .' --kind cross --out pics/")
+    sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
+    sp.add_argument("--sentence", required=True, help="source sentence (raw text)")
+    sp.add_argument("--target", help="draw the attention of this translation instead of the model's own")
+    sp.add_argument("--kind", nargs="+", choices=("encoder", "decoder", "cross"),
+                    help="which attention (default: all three)")
+    sp.add_argument("--layer", type=int, nargs="+", help="layers (or ACT steps) to draw (default: all)")
+    sp.add_argument("--head", type=int, nargs="+", help="single heads to draw (default: a grid of all heads)")
+    sp.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"))
+    sp.add_argument("--out", default="attention", help="folder for the pictures (default: ./attention)")
+    decoding(sp)
+    common(sp, inference_help)
+    sp.set_defaults(func=cmd_attention)
+
+    sp = sub.add_parser("plot", help="training curves of a run: loss, validation score, learning rate, tokens/s",
+                        description="Draw the run's metrics.jsonl as one figure (PNG and SVG): train and "
+                        "validation loss, validation BLEU/chrF, exact match or CER/WER, the learning rate, "
+                        "tokens per second and, for universal transformers, the mean ACT steps. Works on a "
+                        "run that is still training. For TensorBoard, train with train.tensorboard=true.")
+    sp.add_argument("run_dir", metavar="RUN_DIR", help="run folder")
+    sp.add_argument("--out", help="folder for curves.png / curves.svg (default: RUN_DIR/plots)")
+    sp.set_defaults(func=cmd_plot)
+
+    sp = sub.add_parser("animate", help="GIFs of attention over training (runs with train.attention_examples)",
+                        description="Animate the attention that training recorded for fixed validation examples "
+                        "(train.attention_examples=N): one frame per evaluation, from the untrained model on. "
+                        "Writes a grid of all heads per kind and layer, plus single heads with --head or "
+                        "--every-head, plus the ACT steps per token for universal transformers.")
+    sp.add_argument("run_dir", metavar="RUN_DIR", help="run folder")
+    sp.add_argument("--example", type=int, default=0, help="which recorded example (default 0)")
+    sp.add_argument("--kind", nargs="+", choices=("encoder", "decoder", "cross"), help="default: all three")
+    sp.add_argument("--layer", type=int, nargs="+", help="layers (or ACT steps) (default: all)")
+    sp.add_argument("--head", type=int, nargs="+", help="single heads only (no grid)")
+    sp.add_argument("--every-head", action="store_true", help="also one GIF per head")
+    sp.add_argument("--ms", type=int, default=400, help="milliseconds per frame (default 400)")
+    sp.add_argument("--out", help="folder for the GIFs (default: RUN_DIR/animations)")
+    sp.set_defaults(func=cmd_animate)
 
     sp = sub.add_parser("graph", help="draw attention structures (the seed's graphs, or a sparse pattern)",
                         description="Draw, from the edge lists the graph kernel computes on, either the three "

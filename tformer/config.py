@@ -211,11 +211,15 @@ class TrainConfig:
     patience: int = 0  # stop after this many evaluations without a better best checkpoint (0 = never)
     valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    attention_examples: int = 0  # record the attention of this many validation examples at every evaluation
+    # (RUN_DIR/attention/, animated by `tformer animate`)
+    tensorboard: bool = False  # also log the metrics to RUN_DIR/tensorboard (needs the tensorboard package)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "epochs", "accum_steps", "log_every", "keep_last", "valid_beam"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_sentences", "max_steps", "warmup", "eval_every", "threads", "patience"):
+        for name in ("max_sentences", "max_steps", "warmup", "eval_every", "threads", "patience",
+                     "attention_examples"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
         _check(self.max_hours >= 0, "train.max_hours", f"must be >= 0, got {self.max_hours}")

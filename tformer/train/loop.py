@@ -7,6 +7,7 @@ it, the optimizer and the RNG: `resume` continues exactly where the run stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -180,6 +181,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
+    if t.tensorboard:
+        _summary_writer_class()  # fail before any work when the package is missing
     ckpt = None
     if resume:
         ckpt = load_checkpoint(run_dir, which="latest")
@@ -216,6 +219,16 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     src_lens, tgt_lens = model_lengths(train_ex, cfg.model.frame_skip)
     if ckpt:
         _truncate_metrics(run_dir / "metrics.jsonl", step)
+    recorder = None
+    if t.attention_examples:
+        from tformer.viz.record import AttentionRecorder
+
+        recorder = AttentionRecorder(run_dir, valid_ex, tokenizers, t.attention_examples)
+        if ckpt:
+            recorder.truncate(step)
+        else:
+            recorder.record(model, 0)  # the untrained model: the first frame of the animations
+    board = _tensorboard(run_dir, step if ckpt else None) if t.tensorboard else None
     metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
     session_start = time.perf_counter()
     elapsed0 = state["elapsed"]
@@ -234,6 +247,11 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     def write(record: dict[str, Any]) -> None:
         metrics_log.write(json.dumps(record) + "\n")
         metrics_log.flush()
+        if board is not None:
+            for key, value in record.items():
+                if key not in ("kind", "step") and isinstance(value, (int, float)):
+                    board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+            board.flush()
 
     def checkpoint(metrics: dict[str, Any] | None) -> Path:
         best = False
@@ -252,6 +270,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                               tokenizer=tokenizers[1])
         metrics["eval_seconds"] = time.perf_counter() - tic
         last_eval_step = step
+        if recorder is not None:
+            recorder.record(model, step)
         if t.target_exact_match and metrics.get("exact_match", 0.0) >= t.target_exact_match:
             state["reached_target"] = True
         write({"kind": "valid", "step": step, "epoch": state["epoch"], "elapsed": round(elapsed(), 2),
@@ -277,7 +297,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     window = _Window()
     model.train()
     stop = bool(t.max_steps and step >= t.max_steps)
-    with _StopOnSigint() as sigint, bar, metrics_log:
+    with _StopOnSigint() as sigint, bar, metrics_log, board or contextlib.nullcontext():
         while state["epoch"] < t.epochs and not stop:
             batches = token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed,
                                            state["epoch"])
@@ -319,3 +339,17 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
             run_eval()
     latest = checkpoint(None)
     return TrainResult(run_dir, latest, step, state["best"], state["elapsed"], state["reached_target"])
+
+
+def _tensorboard(run_dir: Path, resumed_step: int | None):
+    """A SummaryWriter on RUN_DIR/tensorboard; a resume drops the events after its checkpoint."""
+    return _summary_writer_class()(str(run_dir / "tensorboard"), purge_step=None if resumed_step is None else resumed_step + 1)
+
+
+def _summary_writer_class():
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ValueError("train.tensorboard=true needs the tensorboard package: pip install tensorboard "
+                         "(or leave it off: metrics.jsonl and `tformer plot RUN_DIR` need nothing more)") from None
+    return SummaryWriter
