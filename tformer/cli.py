@@ -411,14 +411,37 @@ def cmd_animate(args: argparse.Namespace) -> int:
         for layer in args.layer if args.layer is not None else range(n_layers):
             stem = f"ex{args.example}_{kind}_{maps.layer_name}{layer}"
             if args.head is None:
-                written.append(animate_head_grid(rec, args.example, kind, layer, out / f"{stem}_heads.gif", args.ms))
+                written.append(animate_head_grid(rec, args.example, kind, layer, out / f"{stem}_heads.gif", args.ms,
+                                                 dpi=args.dpi))
             for head in (args.head if args.head is not None else range(maps.heads()) if args.every_head else []):
                 written.append(animate_attention(rec, args.example, kind, layer, head, out / f"{stem}_head{head}.gif",
-                                                 args.ms))
+                                                 args.ms, dpi=args.dpi))
     if maps.steps is not None:
-        written.append(animate_steps(rec, args.example, out / f"ex{args.example}_act_steps.gif", ms_per_frame=args.ms))
+        written.append(animate_steps(rec, args.example, out / f"ex{args.example}_act_steps.gif", ms_per_frame=args.ms,
+                                     dpi=args.dpi))
     print(f"{len(rec.steps)} recorded steps ({rec.steps[0]} .. {rec.steps[-1]}); source: {' '.join(maps.source)}")
     print(f"wrote {len(written)} GIFs to {out}/")
+    return 0
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    from tformer.explore import Explorer, Limits, serve
+
+    check_inference_overrides(args.overrides)
+    if args.print_config:
+        from tformer.train.checkpoint import load_checkpoint
+
+        _print_config(load_checkpoint(args.checkpoint, which="best", overrides=args.overrides).cfg)
+        return 0
+    limits = Limits(args.max_chars, args.max_tokens, args.max_beam, args.max_nbest)
+    for name, value in dataclasses.asdict(limits).items():
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    explorer = Explorer(args.checkpoint, args.overrides, limits)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("explore: serving on %s: anyone who can reach this address can use the model (there is no "
+                    "authentication)", args.host)
+    serve(explorer, args.host, args.port)
     return 0
 
 
@@ -587,8 +610,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--head", type=int, nargs="+", help="single heads only (no grid)")
     sp.add_argument("--every-head", action="store_true", help="also one GIF per head")
     sp.add_argument("--ms", type=int, default=400, help="milliseconds per frame (default 400)")
+    sp.add_argument("--dpi", type=int, default=100, help="resolution (default 100; lower gives smaller files)")
     sp.add_argument("--out", help="folder for the GIFs (default: RUN_DIR/animations)")
     sp.set_defaults(func=cmd_animate)
+
+    sp = sub.add_parser("explore", help="a local web page: translate, n-best, attention heatmaps and graphs",
+                        description="Serve a web page for one checkpoint: type a sentence, get its translation "
+                        "and n-best list with scores, and look at the attention of any hypothesis by kind, "
+                        "layer and head, as a heatmap and as the bipartite token graph; universal transformers "
+                        "also show the ACT steps per token. Binds 127.0.0.1 (this machine only) by default.")
+    sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
+    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sp.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    sp.add_argument("--max-chars", type=int, default=1000, help="longest input, in characters (default 1000)")
+    sp.add_argument("--max-tokens", type=int, default=200, help="longest input, in source pieces (default 200)")
+    sp.add_argument("--max-beam", type=int, default=16, help="largest beam a request may ask for (default 16)")
+    sp.add_argument("--max-nbest", type=int, default=8, help="most hypotheses a request may ask for (default 8)")
+    common(sp, inference_help)
+    sp.set_defaults(func=cmd_explore)
 
     sp = sub.add_parser("graph", help="draw attention structures (the seed's graphs, or a sparse pattern)",
                         description="Draw, from the edge lists the graph kernel computes on, either the three "

@@ -132,8 +132,10 @@ def load_recording(run_dir: str | Path) -> Recording:
 # ------------------------------------------------------------------------------------------ animation
 
 
-def _write_gif(fig, frames, path: str | Path, ms_per_frame: int) -> Path:
+def _write_gif(fig, frames, path: str | Path, ms_per_frame: int, dpi: int | None = None) -> Path:
     """Render each frame (a callable that updates `fig`) and write them as a looping GIF."""
+    if dpi:
+        fig.set_dpi(dpi)
     images = []
     for update in frames:
         update()
@@ -164,7 +166,7 @@ def _layers_at(maps: AttentionMaps, kind: str, layer: int) -> np.ndarray:
 
 
 def animate_attention(rec: Recording, example: int, kind: str, layer: int, head: int, path: str | Path,
-                      ms_per_frame: int = 400) -> Path:
+                      ms_per_frame: int = 400, dpi: int | None = None) -> Path:
     """One head of one layer over training: a GIF with one frame per recorded step."""
     frames = _frame_maps(rec, example)
     first = frames[0]
@@ -188,11 +190,11 @@ def animate_attention(rec: Recording, example: int, kind: str, layer: int, head:
                          f"training step {rec.steps[i]}", fontsize=9)
         return draw
 
-    return _write_gif(fig, [update(i) for i in range(len(frames))], path, ms_per_frame)
+    return _write_gif(fig, [update(i) for i in range(len(frames))], path, ms_per_frame, dpi)
 
 
 def animate_head_grid(rec: Recording, example: int, kind: str, layer: int, path: str | Path,
-                      ms_per_frame: int = 400, cols: int = 4) -> Path:
+                      ms_per_frame: int = 400, cols: int = 4, dpi: int | None = None) -> Path:
     """Every head of one layer over training."""
     frames = _frame_maps(rec, example)
     first = frames[0]
@@ -222,11 +224,11 @@ def animate_head_grid(rec: Recording, example: int, kind: str, layer: int, path:
                          fontsize=10)
         return draw
 
-    return _write_gif(fig, [update(i) for i in range(len(frames))], path, ms_per_frame)
+    return _write_gif(fig, [update(i) for i in range(len(frames))], path, ms_per_frame, dpi)
 
 
 def animate_steps(rec: Recording, example: int, path: str | Path, max_steps: int | None = None,
-                  ms_per_frame: int = 400) -> Path:
+                  ms_per_frame: int = 400, dpi: int | None = None) -> Path:
     """A universal transformer's ACT steps per source and target token over training."""
     frames = _frame_maps(rec, example)
     if frames[0].steps is None:
@@ -254,4 +256,4 @@ def animate_steps(rec: Recording, example: int, path: str | Path, max_steps: int
             fig.suptitle(f"ACT steps per token, training step {rec.steps[i]}", fontsize=10)
         return draw
 
-    return _write_gif(fig, [update(i) for i in range(len(frames))], path, ms_per_frame)
+    return _write_gif(fig, [update(i) for i in range(len(frames))], path, ms_per_frame, dpi)

@@ -1,0 +1,241 @@
+"""The explorer: its answers are what translate and attention_maps compute; bad requests get a message, never
+a dead server; many requests at once all get their own answer; and the page works in a real browser."""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tformer.config import DecodeConfig
+from tformer.data import Vocab
+from tformer.explore import Explorer, Limits, make_server
+from tformer.inference import load_model, translate_ids
+from tformer.train.loop import train
+from tformer.viz.attention import KINDS, attention_maps
+
+from conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("TFORMER_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+CHROMIUM = os.environ.get("TFORMER_CHROMIUM", "/usr/bin/chromium")
+
+
+def _train(path, epochs=3, **model):
+    cfg = tiny_config(**model)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs))
+    train(cfg, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("explore") / "copy", epochs=10)
+
+
+@pytest.fixture(scope="module")
+def server(run):
+    explorer = Explorer(run, limits=Limits(max_chars=200, max_tokens=30, max_beam=6, max_nbest=4))
+    httpd = make_server(explorer, "127.0.0.1", 0)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield explorer, f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _post(url, body, raw: bytes | None = None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url + "/api/translate", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_answer_is_the_beam_search_and_the_attention_of_each_hypothesis(run, server):
+    explorer, url = server
+    status, out = _post(url, {"text": "a b c d e", "beam": 4, "nbest": 3})
+    assert status == 200
+    ckpt, model = load_model(str(run))
+    src_tok, tgt_tok = ckpt.tokenizers
+    ids = src_tok.encode("a b c d e")
+    want = translate_ids(model, [ids], DecodeConfig(strategy="beam", beam_size=4, nbest=3))
+    assert [h["text"] for h in out["hypotheses"]] == [tgt_tok.decode(t) for t in want.tokens[0]]
+    np.testing.assert_allclose([h["score"] for h in out["hypotheses"]], want.scores[0], atol=1e-4)
+    maps = attention_maps(model, [(ids, t) for t in want.tokens[0]])
+    for hyp, m in zip(out["hypotheses"], maps):
+        for kind in KINDS:
+            np.testing.assert_allclose(np.array(hyp["attention"][kind], dtype=float), m.weights[kind], atol=1e-4)
+    assert out["source"]["pieces"] == list("abcde")
+    assert out["hypotheses"][0]["labels"]["cross"]["keys"] == list("abcde") + ["</s>"]
+    assert out["hypotheses"][0]["steps"] is None
+
+
+def test_forced_target_is_scored_by_its_log_probability(run, server):
+    _, url = server
+    ckpt, model = load_model(str(run))
+    src_tok, tgt_tok = ckpt.tokenizers
+    src, tgt = src_tok.encode("a b c"), tgt_tok.encode("c a")
+    with torch.inference_mode():  # oracle: the cached step-by-step decoder, token by token, then </s>
+        enc = model.encode(torch.tensor([src + [Vocab.eos]]), torch.tensor([len(src) + 1]))
+        cache, prev, want = model.init_cache(enc), Vocab.bos, 0.0
+        for tok in tgt + [Vocab.eos]:
+            logits, cache = model.decode_step(torch.tensor([prev]), cache)
+            want += float(torch.log_softmax(logits, -1)[0, tok])
+            prev = tok
+    status, out = _post(url, {"text": "a b c", "target": "c a", "beam": 1, "nbest": 1})
+    assert status == 200 and out["decode"]["forced"]
+    assert out["hypotheses"][0]["text"] == "c a" and out["hypotheses"][0]["pieces"] == ["c", "a"]
+    assert out["hypotheses"][0]["score"] == pytest.approx(want, abs=1e-3)
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"text": ""}, 400, "type a sentence"),
+    ({"text": "   "}, 400, "type a sentence"),
+    ({"text": "a " * 150}, 400, "limit is 200"),
+    ({"text": "a " * 40}, 400, "limit is 30"),
+    ({"text": "a b", "beam": 7}, 400, "from 1 to 6"),
+    ({"text": "a b", "beam": "5"}, 400, "whole number"),
+    ({"text": "a b", "beam": 2, "nbest": 3}, 400, "cannot exceed the beam"),
+    ({"text": "a b", "colour": 1}, 400, "unknown field(s) colour"),
+    ({"text": 5}, 400, "must be a string"),
+    (["a b"], 400, "JSON object"),
+    ({"text": "a b", "target": ""}, 400, "non-empty"),
+])
+def test_bad_requests_get_a_message(server, body, status, message):
+    _, url = server
+    got, out = _post(url, body)
+    assert got == status and message in out["error"]
+
+
+def test_transport_errors_and_the_server_survives(server):
+    _, url = server
+    assert _post(url, None, raw=b"\xff\xfe not json")[0] == 400
+    assert _post(url, None, raw=b"{" * (70 * 1024))[0] == 413
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url + "/nope", timeout=10)
+    assert e.value.code == 404
+    assert _post(url, {"text": "a b"})[0] == 200  # still serving
+
+
+def test_concurrent_requests_each_get_their_own_answer(server):
+    explorer, url = server
+    sentences = ["a b c", "h g f e", "b b a", "c", "d e f g h", "a c e g", "h h", "f e d"]
+    alone = {s: explorer.translate({"text": s, "beam": 3, "nbest": 2}) for s in sentences}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda s: _post(url, {"text": s, "beam": 3, "nbest": 2}), sentences * 2))
+    for s, (status, out) in zip(sentences * 2, results):
+        assert status == 200
+        assert out["source"]["text"] == s
+        assert out["hypotheses"] == alone[s]["hypotheses"]
+
+
+def test_info_and_page(server):
+    explorer, url = server
+    with urllib.request.urlopen(url + "/api/info", timeout=10) as r:
+        info = json.loads(r.read())
+    assert info["model"]["heads"] == 4 and info["model"]["layers"] == {"encoder": 2, "decoder": 2, "cross": 2}
+    assert info["limits"]["max_beam"] == 6 and len(info["examples"]) == 5
+    with urllib.request.urlopen(url + "/", timeout=10) as r:
+        page = r.read().decode()
+    assert r.headers["Content-Type"].startswith("text/html") and 'id="heatmap"' in page
+    assert not re.search(r"(src|href)=\"https?://", page)  # nothing from the network
+
+
+def test_universal_transformer_answers_with_steps(tmp_path):
+    run = _train(tmp_path / "ut", kind="universal", max_steps=3)
+    out = Explorer(run).translate({"text": "a b c", "beam": 2, "nbest": 2})
+    for hyp in out["hypotheses"]:
+        assert len(hyp["steps"]["source"]) == 4 and len(hyp["steps"]["target"]) == len(hyp["pieces"]) + 1
+        assert all(1 <= s <= 3 for s in hyp["steps"]["source"] + hyp["steps"]["target"])
+        assert len(hyp["attention"]["encoder"]) == max(hyp["steps"]["source"])
+
+
+def test_command_serves_on_loopback_and_refuses_frame_models(run, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tformer", "explore", "--checkpoint", str(run), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert match, line + proc.stderr.read() if proc.poll() is not None else line
+        status, out = _post(f"http://127.0.0.1:{match.group(1)}", {"text": "a b"})
+        assert status == 200 and out["hypotheses"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    bad = subprocess.run([sys.executable, "-m", "tformer", "explore", "--checkpoint", str(run), "--max-beam", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-beam must be >= 1" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------------ a real browser
+
+
+def _browser():
+    if os.environ.get("TFORMER_SKIP_BROWSER") == "1":
+        pytest.skip("TFORMER_SKIP_BROWSER=1")
+    if not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None:
+        pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's chromium (the README's test command does), set "
+                    "TFORMER_CHROMIUM to another Chromium, or TFORMER_SKIP_BROWSER=1 to leave this test out")
+    from playwright.sync_api import sync_playwright
+
+    return sync_playwright
+
+
+def test_page_in_a_real_browser_translates_and_switches_heads(server):
+    sync_playwright = _browser()
+    explorer, url = server
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url + "/")
+            page.wait_for_function("document.querySelector('#model-info').textContent.includes('heads')")
+            page.fill("#text", "a b c d e f")
+            page.fill("#beam", "4")
+            page.fill("#nbest", "3")
+            page.click("#go")
+            page.wait_for_selector("#nbest-list li.hyp")
+            assert page.locator("#nbest-list li.hyp").count() == 3
+            want = explorer.translate({"text": "a b c d e f", "beam": 4, "nbest": 3})["hypotheses"]
+            assert page.locator("#nbest-list li.hyp .text").all_inner_texts() == [h["text"] for h in want]
+            assert page.locator("#nbest-list li.hyp .score").all_inner_texts() == [f"{h['score']:.3f}" for h in want]
+            before = page.eval_on_selector("#heatmap", "c => c.toDataURL()")
+            edges_before = page.eval_on_selector_all("#graph line", "ls => ls.map(l => l.getAttribute('stroke-opacity'))")
+            page.select_option("#head", "3")
+            after = page.eval_on_selector("#heatmap", "c => c.toDataURL()")
+            edges_after = page.eval_on_selector_all("#graph line", "ls => ls.map(l => l.getAttribute('stroke-opacity'))")
+            assert before != after, "switching the head did not change the heatmap"
+            assert edges_before != edges_after, "switching the head did not change the token graph"
+            page.select_option("#kind", "encoder")
+            assert page.locator("#layer option").count() == 2
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "explorer.png"), full_page=True)
+            page.fill("#text", "a " * 40)  # over the 30-piece limit: the page shows the server's message
+            page.click("#go")
+            page.wait_for_selector("#error", state="visible")
+            assert "limit is 30" in page.inner_text("#error")
+            page.fill("#text", "b c")
+            page.click("#go")
+            page.wait_for_selector("#error", state="hidden")
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert (ARTIFACTS / "explorer.png").stat().st_size > 10_000

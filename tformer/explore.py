@@ -1,0 +1,247 @@
+"""`tformer explore`: a local web page to translate sentences and look inside the model.
+
+    Explorer(checkpoint)                 the model, its tokenizers and the limits; .translate(request) -> dict
+    make_server(explorer, host, port)    a ThreadingHTTPServer serving the page and the JSON API
+    serve(explorer, host, port)          run it until Ctrl-C
+
+HTTP API (JSON in, JSON out; errors are {"error": message} with status 400, 404, 413 or 500):
+
+    GET  /                 the page (tformer/web/explorer.html: one file, no network resources)
+    GET  /api/info         model shape (kinds, layers, heads), decoding defaults, input limits, examples
+    POST /api/translate    {"text": str, "beam": int, "nbest": int, "target": str (optional: force a translation)}
+                           -> {"source": {...}, "hypotheses": [{"text", "score", "pieces", "labels",
+                               "attention": {kind: [layer][head][query][key]}, "steps"}], "seconds": ...}
+
+Requests are served by threads (several at once); the model is used by one request at a time (a lock), which
+on a CPU is also the fastest order. The server binds 127.0.0.1 unless told otherwise: it has no
+authentication, so expose it to a network only behind something that does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("tformer")
+PAGE = Path(__file__).resolve().parent / "web" / "explorer.html"
+MAX_BODY = 64 * 1024  # bytes of one request
+FIELDS = {"text", "beam", "nbest", "target"}
+
+
+class RequestError(ValueError):
+    """A request the explorer refuses; the message is shown on the page."""
+
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_chars: int = 1000  # characters of input text
+    max_tokens: int = 200  # source pieces after tokenisation
+    max_beam: int = 16
+    max_nbest: int = 8
+
+
+class Explorer:
+    """A checkpoint made ready to answer explorer requests."""
+
+    def __init__(self, checkpoint: str | Path, overrides: list[str] = (), limits: Limits = Limits(),
+                 which: str = "best") -> None:
+        from tformer.inference import load_model
+
+        self.ckpt, self.model = load_model(str(checkpoint), which=which, overrides=list(overrides))
+        cfg = self.ckpt.cfg
+        if cfg.model.source == "features":
+            raise ValueError(f"{checkpoint} reads feature frames (model.source=features); the explorer translates "
+                             "typed text. Use `tformer transcribe` for frame models")
+        self.cfg = cfg
+        self.limits = limits
+        self.lock = threading.Lock()
+        self.name = str(checkpoint)
+        self.examples = self._examples()
+
+    def _examples(self) -> list[str]:
+        """A few validation sources to try (when the data is at hand), else none."""
+        try:
+            from tformer.data import load_task
+
+            data = load_task(self.cfg.data, ("valid",), tokenizers=self.ckpt.tokenizers)
+            return [s for s in data.texts["valid"][0] if len(s) <= 120][:5]
+        except Exception as e:  # the page works without examples; say why there are none
+            log.info("explorer: no example sentences (%s)", e)
+            return []
+
+    def info(self) -> dict[str, Any]:
+        m = self.cfg.model
+        universal = m.kind == "universal"
+        layers = ({"encoder": m.max_steps, "decoder": m.max_steps, "cross": m.max_steps} if universal else
+                  {"encoder": m.encoder_layers, "decoder": m.decoder_layers, "cross": m.decoder_layers})
+        d = self.cfg.decode
+        return {"checkpoint": self.name, "step": self.ckpt.trainer.get("step"), "task": self.cfg.data.task,
+                "languages": [self.cfg.data.src_lang, self.cfg.data.tgt_lang],
+                "model": {"kind": m.kind, "layers": layers, "heads": m.n_heads, "d_model": m.d_model,
+                          "layer_name": "step" if universal else "layer", "attention": m.attention,
+                          "positions": m.positions, "norm": m.norm},
+                "defaults": {"beam": min(d.beam_size, self.limits.max_beam),
+                             "nbest": min(max(d.nbest, 3), d.beam_size, self.limits.max_nbest)},
+                "limits": dataclasses.asdict(self.limits), "examples": self.examples}
+
+    def _parse(self, request: Any) -> tuple[str, int, int, str | None]:
+        if not isinstance(request, dict):
+            raise RequestError("the request must be a JSON object such as {\"text\": \"...\", \"beam\": 5}")
+        unknown = set(request) - FIELDS
+        if unknown:
+            raise RequestError(f"unknown field(s) {', '.join(sorted(unknown))}; the fields are "
+                               f"{', '.join(sorted(FIELDS))}")
+        text = request.get("text")
+        if not isinstance(text, str):
+            raise RequestError("'text' must be a string: the sentence to translate")
+        text = text.strip()
+        if not text:
+            raise RequestError("type a sentence to translate")
+        if len(text) > self.limits.max_chars:
+            raise RequestError(f"the sentence has {len(text)} characters; the limit is {self.limits.max_chars} "
+                               "(start the explorer with a larger --max-chars to change it)")
+        info = self.info()["defaults"]
+        beam, nbest = request.get("beam", info["beam"]), request.get("nbest", info["nbest"])
+        for name, value, top in (("beam", beam, self.limits.max_beam), ("nbest", nbest, self.limits.max_nbest)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise RequestError(f"'{name}' must be a whole number from 1 to {top}, got {value!r}")
+        if nbest > beam:
+            raise RequestError(f"nbest ({nbest}) cannot exceed the beam size ({beam}): a beam of {beam} keeps "
+                               f"{beam} hypotheses")
+        target = request.get("target")
+        if target is not None and (not isinstance(target, str) or not target.strip()):
+            raise RequestError("'target' must be a non-empty string (a translation to force), or left out")
+        if target is not None and len(target) > self.limits.max_chars:
+            raise RequestError(f"the forced target has {len(target)} characters; the limit is "
+                               f"{self.limits.max_chars}")
+        return text, beam, nbest, target
+
+    def translate(self, request: Any) -> dict[str, Any]:
+        """Answer one /api/translate request (see the module docstring)."""
+        from tformer.data.corpus import normalize
+        from tformer.viz.attention import KINDS, inspect_sentence
+
+        text, beam, nbest, target = self._parse(request)
+        n_pieces = len(self.ckpt.tokenizers[0].encode(normalize(text)))
+        if n_pieces > self.limits.max_tokens:
+            raise RequestError(f"the sentence is {n_pieces} pieces long; the limit is {self.limits.max_tokens} "
+                               "(--max-tokens)")
+        decode = dataclasses.replace(self.cfg.decode, strategy="greedy" if beam == 1 else "beam", beam_size=beam,
+                                     nbest=nbest)
+        tic = time.perf_counter()
+        with self.lock, torch.inference_mode():
+            waited = time.perf_counter() - tic
+            result = inspect_sentence(self.model, self.ckpt.tokenizers, text, decode, target=target)
+        hypotheses = []
+        for (hyp_text, score, pieces), maps in zip(result.hypotheses, result.maps):
+            hypotheses.append({
+                "text": hyp_text, "score": round(score, 4), "pieces": pieces,
+                "labels": {k: dict(zip(("queries", "keys"), maps.labels(k))) for k in KINDS},
+                "attention": {k: _rounded(maps.weights[k]) for k in KINDS},
+                "steps": None if maps.steps is None else {"source": maps.steps[0], "target": maps.steps[1]},
+            })
+        return {"source": {"text": text, "pieces": result.pieces}, "hypotheses": hypotheses,
+                "decode": {"beam": beam, "nbest": nbest, "forced": target is not None},
+                "seconds": round(time.perf_counter() - tic - waited, 4), "queued_seconds": round(waited, 4)}
+
+
+def _rounded(w) -> list:
+    """(layers, H, Lq, Lk) floats -> nested lists, 4 decimals, NaN (halted positions) as null."""
+    out = []
+    for layer in w.tolist():
+        out.append([[[None if math.isnan(x) else round(x, 4) for x in row] for row in head] for head in layer])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ HTTP
+
+
+class _Handler(BaseHTTPRequestHandler):
+    explorer: Explorer  # set on the subclass make_server builds
+    server_version = "tformer-explore"
+
+    def log_message(self, fmt: str, *args) -> None:  # through logging, not stderr
+        log.debug("explore %s %s", self.address_string(), fmt % args)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, data: Any) -> None:
+        self._send(status, json.dumps(data, ensure_ascii=False).encode("utf-8"), "application/json; charset=utf-8")
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path in ("/", "/index.html"):
+            self._send(HTTPStatus.OK, PAGE.read_bytes(), "text/html; charset=utf-8")
+        elif path == "/api/info":
+            self._json(HTTPStatus.OK, self.explorer.info())
+        else:
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path != "/api/translate":
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            length = -1
+        if length < 0 or length > MAX_BODY:
+            self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                       {"error": f"the request must have a Content-Length of at most {MAX_BODY} bytes"})
+            self.close_connection = True
+            return
+        try:
+            try:
+                request = json.loads(self.rfile.read(length).decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise RequestError(f"the request is not UTF-8 JSON ({e})") from None
+            self._json(HTTPStatus.OK, self.explorer.translate(request))
+        except RequestError as e:
+            self._json(e.status, {"error": str(e)})
+        except ValueError as e:  # from the tokenizers or the model: still the input's fault
+            self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+        except Exception as e:  # never take the server down; say what happened
+            log.exception("explore: request failed")
+            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(e).__name__}: {e}"})
+
+
+def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Handler,), {"explorer": explorer})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -> None:
+    server = make_server(explorer, host, port)
+    shown = host if ":" not in host else f"[{host}]"
+    print(f"tformer explore: serving {explorer.name} at http://{shown}:{server.server_port}/  (Ctrl-C stops)",
+          flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
