@@ -48,10 +48,11 @@ def test_maps_are_per_sentence_normalised_causal_and_independent_of_the_batch():
     assert dec.shape == (2, 2, t, t) and np.all(np.triu(dec, 1) == 0)  # nothing from the future
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "tupe-r"])
 @pytest.mark.parametrize("kernel", ["sdpa", "graph"])
-def test_every_kernel_gives_the_dense_maps(kernel):
-    dense = _model(attention="dense")
-    other = _model(attention=kernel)
+def test_every_kernel_gives_the_dense_maps(kernel, positions):
+    dense = _model(attention="dense", positions=positions)
+    other = _model(attention=kernel, positions=positions)
     other.load_state_dict(dense.state_dict())
     for a, b in zip(attention_maps(dense, PAIRS), attention_maps(other, PAIRS)):
         for kind in KINDS:
@@ -110,3 +111,13 @@ def test_head_grid_has_every_head_and_writes_png_and_svg(tmp_path):
     assert b"<svg" in (tmp_path / "grid.svg").read_bytes()[:400]
     paths = save_figure(plot_attention(maps, "encoder", 0, 0), tmp_path / "one.svg")
     assert paths == [tmp_path / "one.svg"]
+
+
+def test_frame_encoder_maps_are_over_model_frames():
+    m = _model(source="features", feature_dim=5, frame_stack=2, frame_skip=2)
+    frames = [torch.randn(7, 5), torch.randn(4, 5)]
+    maps = attention_maps(m, [(frames[0], [5, 6]), (frames[1], [7])])
+    assert maps[0].source == [f"f{i}" for i in range(4)]  # ceil(7 / 2) model frames, no </s>
+    assert maps[0].weights["encoder"].shape == (2, 2, 4, 4) and maps[1].weights["cross"].shape == (2, 2, 2, 2)
+    alone = attention_maps(m, [(frames[1], [7])])[0]
+    np.testing.assert_allclose(maps[1].weights["cross"], alone.weights["cross"], atol=1e-6)

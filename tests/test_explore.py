@@ -128,6 +128,16 @@ def test_transport_errors_and_the_server_survives(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(url + "/nope", timeout=10)
     assert e.value.code == 404
+    req = urllib.request.Request(url + "/api/translate", data=b'{"text": "a b"}', headers={"Content-Type": "text/plain"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # what a cross-site form could send
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 415
+    req = urllib.request.Request(url + "/api/info", headers={"Host": "attacker.example:8000"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # DNS rebinding: a foreign name pointing at 127.0.0.1
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 403 and "127.0.0.1 or localhost" in json.loads(e.value.read())["error"]
+    req = urllib.request.Request(url.replace("127.0.0.1", "localhost") + "/api/info")
+    assert urllib.request.urlopen(req, timeout=10).status == 200
     assert _post(url, {"text": "a b"})[0] == 200  # still serving
 
 
@@ -155,16 +165,20 @@ def test_info_and_page(server):
     assert not re.search(r"(src|href)=\"https?://", page)  # nothing from the network
 
 
-def test_universal_transformer_answers_with_steps(tmp_path):
-    run = _train(tmp_path / "ut", kind="universal", max_steps=3)
-    out = Explorer(run).translate({"text": "a b c", "beam": 2, "nbest": 2})
+@pytest.fixture(scope="module")
+def ut_run(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("explore") / "ut", kind="universal", max_steps=3)
+
+
+def test_universal_transformer_answers_with_steps(ut_run):
+    out = Explorer(ut_run).translate({"text": "a b c", "beam": 2, "nbest": 2})
     for hyp in out["hypotheses"]:
         assert len(hyp["steps"]["source"]) == 4 and len(hyp["steps"]["target"]) == len(hyp["pieces"]) + 1
         assert all(1 <= s <= 3 for s in hyp["steps"]["source"] + hyp["steps"]["target"])
         assert len(hyp["attention"]["encoder"]) == max(hyp["steps"]["source"])
 
 
-def test_command_serves_on_loopback_and_refuses_frame_models(run, tmp_path):
+def test_command_serves_on_loopback_and_checks_its_options(run):
     proc = subprocess.Popen([sys.executable, "-m", "tformer", "explore", "--checkpoint", str(run), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -195,14 +209,16 @@ def _browser():
     return sync_playwright
 
 
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
 def test_page_in_a_real_browser_translates_and_switches_heads(server):
     sync_playwright = _browser()
     explorer, url = server
     errors = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.on("pageerror", lambda e: errors.append(str(e)))
@@ -239,3 +255,33 @@ def test_page_in_a_real_browser_translates_and_switches_heads(server):
             browser.close()
     assert not errors, errors
     assert (ARTIFACTS / "explorer.png").stat().st_size > 10_000
+
+
+def test_page_shows_universal_transformer_steps(ut_run):
+    sync_playwright = _browser()
+    explorer = Explorer(ut_run)
+    httpd = make_server(explorer, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        want = explorer.translate({"text": "b c a", "beam": 2, "nbest": 1})["hypotheses"][0]
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{httpd.server_port}/")
+                page.wait_for_function("document.querySelector('#model-info').textContent.includes('heads')")
+                page.fill("#text", "b c a")
+                page.fill("#beam", "2")
+                page.fill("#nbest", "1")
+                page.click("#go")
+                page.wait_for_selector("#steps-section", state="visible")
+                shown = page.locator("#steps-source > div b").all_inner_texts()
+                assert [int(x) for x in shown] == want["steps"]["source"]
+                shown = page.locator("#steps-target > div b").all_inner_texts()
+                assert [int(x) for x in shown] == want["steps"]["target"]
+                assert page.inner_text("#layer-label") == "step"
+            finally:
+                browser.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -168,15 +168,22 @@ def test_frame_batches_and_lengths():
 
 def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
     from tformer.cli import main
+    from tformer.explore import Explorer
+    from tformer.viz.record import load_recording
 
     over = ["data.train_size=400", "data.valid_size=40", "data.test_size=40", "data.length_mean=4",
             "data.min_len=2", "data.max_len=6", "data.symbols=5", "data.noise=0.5", "model.feature_dim=16",
             "model.d_model=64", "model.d_ff=128", "model.encoder_layers=1", "train.max_steps=400",
             "train.eval_every=200", "train.warmup=60", "train.max_tokens=1500", "train.max_hours=0",
-            "train.patience=0", "train.epochs=1000", "model.positions=tupe-r", "model.decoder_positions=sinusoidal"]
+            "train.patience=0", "train.epochs=1000", "model.positions=tupe-r", "model.decoder_positions=sinusoidal",
+            "train.attention_examples=1"]
     cfg = load_config("configs/speech_synthetic.yaml", over)
     result = train(cfg, tmp_path / "run")
     assert result.best["cer"] < 75.0  # learning (measured 45% after 400 steps; untrained models are > 100%)
+    rec = load_recording(tmp_path / "run")  # attention over training, over model frames
+    assert rec.steps == [0, 200, 400] and rec.maps[0][0].source[0] == "f0"
+    with pytest.raises(ValueError, match="feature frames"):
+        Explorer(tmp_path / "run")
     ckpt, model = load_model(tmp_path / "run")
     data = load_task(ckpt.cfg.data, ("test",), tokenizers=ckpt.tokenizers, feature_dim=16)
     metrics, hyps = evaluate(model, data.examples["test"], ckpt.cfg, references=data.texts["test"][1],

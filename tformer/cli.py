@@ -303,6 +303,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sources, refs = data.texts["test"]
     _show_examples(sources, refs, [ckpt.tokenizers[1].decode(h) for h in hyps], 5)
     print(f"\nnext: tformer translate --checkpoint {run_dir}   (type a line of letters, e.g. 'h e l l o')")
+    print(f"      tformer animate {run_dir}   (GIFs of the attention over training)   tformer plot {run_dir}")
+    print(f"      tformer explore --checkpoint {run_dir}   (a local page: translations and attention)")
     return 130 if result.interrupted else 0
 
 
@@ -402,9 +404,9 @@ def cmd_animate(args: argparse.Namespace) -> int:
 
     rec = load_recording(args.run_dir)
     out = Path(args.out) if args.out else Path(args.run_dir) / "animations"
-    maps = rec.maps[-1][0] if 0 <= args.example < rec.n_examples else None
-    if maps is None:
+    if not 0 <= args.example < rec.n_examples:
         raise ValueError(f"the recording has {rec.n_examples} examples (0..{rec.n_examples - 1}); got {args.example}")
+    maps = rec.maps[-1][args.example]
     written = []
     for kind in args.kind or KINDS:
         n_layers = max(frame[args.example].layers(kind) for frame in rec.maps)

@@ -12,24 +12,26 @@ HTTP API (JSON in, JSON out; errors are {"error": message} with status 400, 404,
                            -> {"source": {...}, "hypotheses": [{"text", "score", "pieces", "labels",
                                "attention": {kind: [layer][head][query][key]}, "steps"}], "seconds": ...}
 
-Requests are served by threads (several at once); the model is used by one request at a time (a lock), which
-on a CPU is also the fastest order. The server binds 127.0.0.1 unless told otherwise: it has no
-authentication, so expose it to a network only behind something that does.
+Requests are served by threads (several at once); the model runs in one worker thread that takes them in
+turn: PyTorch already uses every core for one request, so on a CPU this is also the fastest order. The server binds 127.0.0.1 unless told otherwise: it has no
+authentication, so expose it to a network only behind something that does. Bound to loopback it answers only
+requests addressed to a loopback name (no DNS rebinding), and it takes only application/json posts (a
+cross-site form cannot post to it without the browser asking first, and it never says yes).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
-import math
-import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 log = logging.getLogger("tformer")
@@ -68,7 +70,7 @@ class Explorer:
                              "typed text. Use `tformer transcribe` for frame models")
         self.cfg = cfg
         self.limits = limits
-        self.lock = threading.Lock()
+        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tformer-model")
         self.name = str(checkpoint)
         self.examples = self._examples()
 
@@ -143,9 +145,15 @@ class Explorer:
         decode = dataclasses.replace(self.cfg.decode, strategy="greedy" if beam == 1 else "beam", beam_size=beam,
                                      nbest=nbest)
         tic = time.perf_counter()
-        with self.lock, torch.inference_mode():
-            waited = time.perf_counter() - tic
-            result = inspect_sentence(self.model, self.ckpt.tokenizers, text, decode, target=target)
+        started = []
+
+        def run():
+            started.append(time.perf_counter())
+            with torch.inference_mode():
+                return inspect_sentence(self.model, self.ckpt.tokenizers, text, decode, target=target)
+
+        result = self.worker.submit(run).result()
+        waited = started[0] - tic
         hypotheses = []
         for (hyp_text, score, pieces), maps in zip(result.hypotheses, result.maps):
             hypotheses.append({
@@ -159,20 +167,36 @@ class Explorer:
                 "seconds": round(time.perf_counter() - tic - waited, 4), "queued_seconds": round(waited, 4)}
 
 
-def _rounded(w) -> list:
+def _rounded(w: np.ndarray) -> list:
     """(layers, H, Lq, Lk) floats -> nested lists, 4 decimals, NaN (halted positions) as null."""
-    out = []
-    for layer in w.tolist():
-        out.append([[[None if math.isnan(x) else round(x, 4) for x in row] for row in head] for head in layer])
-    return out
+    values = np.round(w.astype(np.float64), 4)
+    if not np.isnan(values).any():
+        return values.tolist()
+    return np.where(np.isnan(values), None, values).tolist()
 
 
 # ------------------------------------------------------------------------------------------ HTTP
 
 
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
 class _Handler(BaseHTTPRequestHandler):
     explorer: Explorer  # set on the subclass make_server builds
+    loopback_only = True  # answer only requests addressed to a loopback name (set by make_server)
     server_version = "tformer-explore"
+    timeout = 60  # seconds a client may take to send its request
+
+    def _host_ok(self) -> bool:
+        if not self.loopback_only:
+            return True
+        host = (self.headers.get("Host") or "").strip()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name in LOOPBACK:
+            return True
+        self._json(HTTPStatus.FORBIDDEN, {"error": f"this explorer answers requests to 127.0.0.1 or localhost, not "
+                                                   f"{host!r}; start it with --host to serve other names"})
+        return False
 
     def log_message(self, fmt: str, *args) -> None:  # through logging, not stderr
         log.debug("explore %s %s", self.address_string(), fmt % args)
@@ -190,6 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(data, ensure_ascii=False).encode("utf-8"), "application/json; charset=utf-8")
 
     def do_GET(self) -> None:  # noqa: N802
+        if not self._host_ok():
+            return
         path = self.path.split("?", 1)[0]
         if path in ("/", "/index.html"):
             self._send(HTTPStatus.OK, PAGE.read_bytes(), "text/html; charset=utf-8")
@@ -199,9 +225,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
 
     def do_POST(self) -> None:  # noqa: N802
+        if not self._host_ok():
+            return
         path = self.path.split("?", 1)[0]
         if path != "/api/translate":
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
+            return
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
+            self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "post JSON with Content-Type: application/json"})
+            self.close_connection = True
             return
         try:
             length = int(self.headers.get("Content-Length", "0"))
@@ -228,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"explorer": explorer})
+    handler = type("Handler", (_Handler,), {"explorer": explorer, "loopback_only": host in LOOPBACK})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server

@@ -177,17 +177,17 @@ def animate_attention(rec: Recording, example: int, kind: str, layer: int, head:
     if not 0 <= head < first.heads():
         raise ValueError(f"the model has {first.heads()} heads (0..{first.heads() - 1}); got {head}")
     fig, ax = plt.subplots(figsize=(1.8 + 0.28 * len(keys), 1.7 + 0.28 * len(queries)))
-    im = _heatmap(ax, _layers_at(first, kind, layer)[head], queries, keys, "")
+    title = lambda i: f"{KIND_TITLES[kind]}, {first.layer_name} {layer}, head {head}\ntraining step {rec.steps[i]}"  # noqa: E731
+    im = _heatmap(ax, _layers_at(first, kind, layer)[head], queries, keys, title(0))
     fig.colorbar(im, ax=ax, shrink=0.8)
     ax.set_xlabel("key (attended to)", fontsize=8)
     ax.set_ylabel("query", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout()  # with the two-line title in place, so every frame has room for it
 
     def update(i: int):
         def draw() -> None:
             im.set_data(np.ma.masked_invalid(_layers_at(frames[i], kind, layer)[head]))
-            ax.set_title(f"{KIND_TITLES[kind]}, {first.layer_name} {layer}, head {head}\n"
-                         f"training step {rec.steps[i]}", fontsize=9)
+            ax.set_title(title(i), fontsize=9)
         return draw
 
     return _write_gif(fig, [update(i) for i in range(len(frames))], path, ms_per_frame, dpi)
