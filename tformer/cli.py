@@ -5,6 +5,10 @@
     tformer translate --checkpoint RUN_DIR [--input FILE] [--output FILE] [--beam 5 --nbest 3 --batch-size 64]
     tformer data      multi30k --out DIR | {copy,sort} --out DIR [--config FILE] [data.key=value ...]
     tformer average   --run-dir RUN_DIR --last 5 --out DIR
+    tformer attention --checkpoint RUN_DIR --sentence "..." [--kind cross] [--layer 2] [--head 0] [--out DIR]
+    tformer animate   RUN_DIR [--every-head]          GIFs of the attention recorded over training
+    tformer plot      RUN_DIR                         training curves
+    tformer explore   --checkpoint RUN_DIR [--port 8000]   the explorer page on 127.0.0.1
     tformer demo      train the copy task, then show its test accuracy and a few decoded examples
 """
 

@@ -106,6 +106,8 @@ def attention_maps(model, pairs: list[tuple[list[int] | Tensor, list[int]]],
     """Attention of the model on each (source, target) pair, teacher-forced: source ids without </s> (or
     frames (S, F)), target ids without <s>/</s> (a reference, or the model's own output: the cached decoding
     steps compute exactly these weights). Labels: the pieces of source and target (default: the ids)."""
+    if not pairs:
+        return []
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
