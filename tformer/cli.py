@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -70,8 +71,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         _print_config(cfg)
         return 0
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1 and not args.run_dir:
+        raise ConfigError("under torchrun, give --run-dir: every process must write to the same run folder")
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(args.config)
     result = train(cfg, run_dir, resume=args.resume, progress=args.progress)
+    if rank:  # rank 0 reports
+        return 130 if result.interrupted else 0
     best = result.best or {}
     print(f"run folder: {result.run_dir}")
     print(f"steps: {result.step}  wall time: {result.elapsed:.1f}s  latest checkpoint: {result.checkpoint}")

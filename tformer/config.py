@@ -211,6 +211,7 @@ class TrainConfig:
     patience: int = 0  # stop after this many evaluations without a better best checkpoint (0 = never)
     valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when PyTorch sees a GPU, else cpu
     attention_examples: int = 0  # record the attention of this many validation examples at every evaluation
     # (RUN_DIR/attention/, animated by `tformer animate`)
     tensorboard: bool = False  # also log the metrics to RUN_DIR/tensorboard (needs the tensorboard package)

@@ -67,13 +67,13 @@ def unique_state(model: nn.Module) -> dict[str, Tensor]:
         if key in seen:
             continue
         seen.add(key)
-        out[name] = t.detach().contiguous()
+        out[name] = t.detach().cpu().contiguous()
     return out
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], list[dict[str, Any]]]:
     sd = optimizer.state_dict()
-    tensors = {f"state.{pid}.{k}": v.contiguous() for pid, st in sd["state"].items() for k, v in st.items()
+    tensors = {f"state.{pid}.{k}": v.cpu().contiguous() for pid, st in sd["state"].items() for k, v in st.items()
                if isinstance(v, Tensor)}
     return tensors, sd["param_groups"]
 
@@ -97,7 +97,10 @@ def save_checkpoint(
     tokenizers: Tokenizers,
     best: bool = False,
     keep_last: int = 3,
+    rng_states: list[Tensor] | None = None,
 ) -> Path:
+    """Write step `step` (see the module docstring). `rng_states`: the random state of every process of a
+    torchrun job, rank order (default: this process's)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:07d}"
@@ -111,7 +114,10 @@ def save_checkpoint(
         info = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, **trainer}
         if optimizer is not None:
             tensors, groups = optimizer_tensors(optimizer)
-            tensors["rng.torch"] = torch.get_rng_state()
+            states = rng_states or [torch.get_rng_state()]
+            tensors["rng.torch"] = states[0]
+            tensors.update({f"rng.torch.rank{r}": st for r, st in enumerate(states) if r})
+            info["world_size"] = len(states)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             info["param_groups"] = groups
         save_config(cfg, tmp / "config.yaml")
@@ -245,7 +251,8 @@ class Checkpoint:
                                       f"the model needs {tuple(v.shape)}")
         model.load_state_dict(tensors, strict=False)  # tied aliases are filled through their first name
 
-    def load_training_state(self, optimizer: torch.optim.Optimizer) -> None:
+    def load_training_state(self, optimizer: torch.optim.Optimizer, rank: int = 0) -> None:
+        """Optimizer moments and this process's random state (`rank` of a torchrun job)."""
         file = self.path / "optimizer.safetensors"
         if not file.exists() or "param_groups" not in self.trainer:
             raise CheckpointError(f"{self.path} holds no optimizer state: it cannot be resumed")
@@ -254,7 +261,7 @@ class Checkpoint:
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: cannot be read as safetensors ({e})") from None
         optimizer.load_state_dict(optimizer_state(tensors, self.trainer["param_groups"]))
-        torch.set_rng_state(tensors["rng.torch"])
+        torch.set_rng_state(tensors["rng.torch" if rank == 0 else f"rng.torch.rank{rank}"])
 
 
 def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()) -> Checkpoint:

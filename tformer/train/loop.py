@@ -27,8 +27,10 @@ from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_
 from tformer.evaluation import evaluate
 from tformer.metrics import token_accuracy
 from tformer.model import Transformer, build_model
-from tformer.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint,
-                                      save_tokenizers)
+from tformer.train import distributed
+from tformer.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_tokenizers,
+                                      save_checkpoint, save_tokenizers)
+from tformer.train.distributed import Context, all_reduce_update
 from tformer.train.loss import label_smoothed_nll_loss
 from tformer.train.schedule import learning_rate
 
@@ -124,27 +126,40 @@ class _Window:
 
 
 def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Batch], lr: float,
-            t: TrainConfig, window: _Window) -> None:
+            t: TrainConfig, window: _Window, ctx: Context = Context()) -> None:
     """One optimizer update over the batches `micro` (gradient accumulation), the loss normalised by
-    the target tokens of all of them: exactly one big batch's gradient."""
+    the target tokens of all of them: exactly one big batch's gradient. Under torchrun `micro` is this
+    process's share of the update; gradients and statistics are summed over the processes, and the
+    normalisation uses the target tokens of the whole update."""
     tic = time.perf_counter()
-    n_tgt = sum(b.n_tgt_tokens for b in micro)
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
+    n_tgt = sum(b.n_tgt_tokens for b in micro)
+    # local sums: loss (without ponder), nll, correct, ponder steps, positions, source tokens
+    sums = [0.0] * 6
     for b in micro:
+        b = b.to(ctx.device)
         step = train_step_loss(model, b, t.label_smoothing, t.ponder_weight)
-        (step.loss / n_tgt).backward()
-        window.loss += float(step.loss.detach()) - step.ponder_loss  # the logged loss is comparable across models
-        window.nll += float(step.nll.detach())
-        window.correct += step.correct
-        window.ponder += step.ponder_steps
-        window.positions += step.positions
-        window.src += b.n_src_tokens
+        (step.loss if ctx.enabled else step.loss / n_tgt).backward()
+        for i, v in enumerate((float(step.loss.detach()) - step.ponder_loss, float(step.nll.detach()), step.correct,
+                               step.ponder_steps, step.positions, b.n_src_tokens)):
+            sums[i] += v
+    if ctx.enabled:
+        params = [p for p in model.parameters() if p.requires_grad]
+        n_tgt, *sums = all_reduce_update(ctx, params, [float(n_tgt), *sums])
+        for p in params:
+            p.grad.div_(n_tgt)
     if t.clip_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
     optimizer.step()
-    window.tgt += n_tgt
+    window.loss += sums[0]  # the logged loss is comparable across models
+    window.nll += sums[1]
+    window.correct += int(sums[2])
+    window.ponder += sums[3]
+    window.positions += int(sums[4])
+    window.src += int(sums[5])
+    window.tgt += int(n_tgt)
     window.seconds += time.perf_counter() - tic
 
 
@@ -177,7 +192,18 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = False) -> TrainResult:
-    run_dir = Path(run_dir)
+    """Train `cfg` into `run_dir`, or continue it (`resume`). Under torchrun (WORLD_SIZE > 1) every process
+    calls this; see tformer.train.distributed."""
+    ctx = distributed.setup(cfg.train.device)
+    try:
+        if not ctx.main:
+            log.setLevel(logging.WARNING)  # one voice: rank 0 logs
+        return _train(cfg, Path(run_dir), resume, progress and ctx.main, ctx)
+    finally:
+        distributed.teardown(ctx)
+
+
+def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Context) -> TrainResult:
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -189,38 +215,45 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     elif (run_dir / "checkpoints").is_dir() and list_checkpoints(run_dir / "checkpoints"):
         raise CheckpointError(f"{run_dir} already holds checkpoints; add --resume to continue it, "
                               "or choose another --run-dir")
+    if ckpt and ckpt.trainer.get("world_size", 1) != ctx.world:
+        raise CheckpointError(f"{ckpt.path} was written by {ckpt.trainer.get('world_size', 1)} training "
+                              f"process(es), this run has {ctx.world}: resume with the same number (torchrun "
+                              "--nproc-per-node N), so the batches of each update stay the same")
     torch.manual_seed(t.seed)
-    data = load_task(cfg.data, ("train", "valid"), joint=cfg.model.share_embeddings,
-                     tokenizers=ckpt.tokenizers if ckpt else None, feature_dim=cfg.model.feature_dim)
-    run_dir.mkdir(parents=True, exist_ok=True)  # only once the data is read: a bad corpus leaves nothing behind
+    data = _load_data(cfg, run_dir, ckpt, ctx)
     tokenizers = data.tokenizers
-    model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab))
+    model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab)).to(ctx.device)
+    distributed.broadcast_parameters(ctx, model)
+    if ctx.rank:  # dropout masks differ between processes (rank 0 keeps the single-process stream)
+        torch.manual_seed(t.seed + 1_000_003 * ctx.rank)
     optimizer = build_optimizer(model, cfg)
     state: dict[str, Any] = {"epoch": 0, "update_in_epoch": 0, "elapsed": 0.0, "best": None,
                              "best_step": None, "reached_target": False, "bad_evals": 0}
     step = 0
     if ckpt:
         ckpt.load_model_state(model)
-        ckpt.load_training_state(optimizer)
+        ckpt.load_training_state(optimizer, ctx.rank)
         state.update({k: ckpt.trainer[k] for k in state if k in ckpt.trainer})
         state["reached_target"] = False  # judged afresh against this session's target at its next evaluation
         step = ckpt.trainer["step"]
         log.info("resumed from %s (step %d, epoch %d)", ckpt.path, step, state["epoch"])
-    save_config(cfg, run_dir / "config.yaml")
-    save_tokenizers(tokenizers, run_dir)
+    if ctx.main:
+        save_config(cfg, run_dir / "config.yaml")
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %s parameters; train %d, valid %d examples; run folder %s", f"{n_params:,}",
-             len(data.examples["train"]), len(data.examples["valid"]), run_dir)
+    log.info("model: %s parameters; train %d, valid %d examples; run folder %s%s", f"{n_params:,}",
+             len(data.examples["train"]), len(data.examples["valid"]), run_dir,
+             f"; {ctx.world} processes ({ctx.device.type}), {ctx.world} x {t.accum_steps} batches per update"
+             if ctx.enabled else "")
 
     train_ex, valid_ex = data.examples["train"], data.examples["valid"]
     valid_refs = data.texts["valid"][1] if cfg.data.task in ("translation", *SPEECH_TASKS) else None
     valid_decode = dataclasses.replace(cfg.decode, strategy="greedy" if t.valid_beam == 1 else "beam",
                                        beam_size=t.valid_beam, nbest=1)
     src_lens, tgt_lens = model_lengths(train_ex, cfg.model.frame_skip)
-    if ckpt:
+    if ckpt and ctx.main:
         _truncate_metrics(run_dir / "metrics.jsonl", step)
     recorder = None
-    if t.attention_examples:
+    if t.attention_examples and ctx.main:
         from tformer.viz.record import AttentionRecorder
 
         recorder = AttentionRecorder(run_dir, valid_ex, tokenizers, t.attention_examples)
@@ -228,8 +261,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
             recorder.truncate(step)
         else:
             recorder.record(model, 0)  # the untrained model: the first frame of the animations
-    board = _tensorboard(run_dir, step if ckpt else None) if t.tensorboard else None
-    metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+    board = _tensorboard(run_dir, step if ckpt else None) if t.tensorboard and ctx.main else None
+    metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if ctx.main else contextlib.nullcontext()
     session_start = time.perf_counter()
     elapsed0 = state["elapsed"]
     last_eval_step = step if ckpt else -1
@@ -245,6 +278,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         return False
 
     def write(record: dict[str, Any]) -> None:
+        if not ctx.main:
+            return
         metrics_log.write(json.dumps(record) + "\n")
         metrics_log.flush()
         if board is not None:
@@ -254,22 +289,46 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
             board.flush()
 
     def checkpoint(metrics: dict[str, Any] | None) -> Path:
+        """Every process calls this (their random states are gathered); rank 0 writes."""
         best = False
         if metrics is not None and _better(metrics, state["best"]):
             state["best"], state["best_step"], best = metrics, step, True
         if metrics is not None:
             state["bad_evals"] = 0 if best else state["bad_evals"] + 1
         state["elapsed"] = elapsed()
-        return save_checkpoint(run_dir, step, model, optimizer, dict(state), cfg, tokenizers, best=best,
-                               keep_last=t.keep_last)
+        rng = distributed.gather_rng(ctx)
+        path = run_dir / "checkpoints" / f"step_{step:07d}"
+        if ctx.main:
+            path = save_checkpoint(run_dir, step, model, optimizer, dict(state), cfg, tokenizers, best=best,
+                                   keep_last=t.keep_last, rng_states=rng)
+        distributed.barrier(ctx)
+        return path
 
     def run_eval() -> dict[str, Any]:
+        """Every process calls this; rank 0 evaluates, the others wait and receive the outcome."""
         nonlocal last_eval_step, stop_early
+        last_eval_step = step
+        metrics: dict[str, Any] = {}
+        if ctx.main:
+            metrics = evaluate_on_main()
+        checkpoint(metrics if ctx.main else None)
+        if ctx.enabled:
+            shared = distributed.broadcast_object(ctx, (state, metrics))
+            state.update(shared[0])
+            metrics = shared[1]
+        if t.patience and state["bad_evals"] >= t.patience:
+            stop_early = True
+            log.info("no better validation %s in %d evaluations: stopping early (best: step %s)",
+                     "BLEU" if "bleu" in metrics else "CER" if "cer" in metrics else "score", t.patience,
+                     state["best_step"])
+        model.train()
+        return metrics
+
+    def evaluate_on_main() -> dict[str, Any]:
         tic = time.perf_counter()
         metrics, _ = evaluate(model, valid_ex, cfg, decode=valid_decode, references=valid_refs,
                               tokenizer=tokenizers[1])
         metrics["eval_seconds"] = time.perf_counter() - tic
-        last_eval_step = step
         if recorder is not None:
             recorder.record(model, step)
         if t.target_exact_match and metrics.get("exact_match", 0.0) >= t.target_exact_match:
@@ -281,32 +340,27 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                   else f"exact match {metrics['exact_match']:.4f}")
         log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  %s  (%.0f s)", step, metrics["loss"],
                  metrics["ppl"], metrics["token_acc"], scores, metrics["eval_seconds"])
-        checkpoint(metrics)
-        if t.patience and state["bad_evals"] >= t.patience:
-            stop_early = True
-            log.info("no better validation %s in %d evaluations: stopping early (best: step %s)",
-                     "BLEU" if "bleu" in metrics else "CER" if "cer" in metrics else "score", t.patience,
-                     state["best_step"])
-        model.train()
         return metrics
 
+    group = t.accum_steps * ctx.world  # batches per update, over all processes
     per_epoch = -(-len(token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed, 0))
-                  // t.accum_steps)
+                  // group)
     total = t.epochs * per_epoch if not t.max_steps else min(t.max_steps, t.epochs * per_epoch)
     bar = tqdm(total=total, initial=min(step, total), disable=not progress, unit="step", dynamic_ncols=True)
     window = _Window()
     model.train()
     stop = bool(t.max_steps and step >= t.max_steps)
+    interrupted = False
     with _StopOnSigint() as sigint, bar, metrics_log, board or contextlib.nullcontext():
         while state["epoch"] < t.epochs and not stop:
             batches = token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed,
                                            state["epoch"])
-            updates = [batches[i : i + t.accum_steps] for i in range(0, len(batches), t.accum_steps)]
+            updates = [batches[i : i + group] for i in range(0, len(batches), group)]
             while state["update_in_epoch"] < len(updates) and not stop:
-                micro = [collate([train_ex[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos)
-                         for idx in updates[state["update_in_epoch"]]]
+                mine = updates[state["update_in_epoch"]][ctx.rank :: ctx.world]  # this process's share
+                micro = [collate([train_ex[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos) for idx in mine]
                 lr = learning_rate(step + 1, t, cfg.model.d_model)
-                _update(model, optimizer, micro, lr, t, window)
+                _update(model, optimizer, micro, lr, t, window, ctx)
                 step += 1
                 state["update_in_epoch"] += 1
                 bar.update(1)
@@ -323,15 +377,17 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                                  state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"], ponder)
                 if t.eval_every and step % t.eval_every == 0:
                     run_eval()
-                stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or sigint.requested
-                        or stop_early or out_of_time())
+                # every process stops at the same update: the flags of all of them count
+                interrupted, late = distributed.any_rank(ctx, sigint.requested, out_of_time())
+                stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or interrupted
+                        or stop_early or late)
             if state["update_in_epoch"] >= len(updates):
                 state["epoch"] += 1
                 state["update_in_epoch"] = 0
                 if not t.eval_every:
                     run_eval()
                     stop = stop or state["reached_target"] or stop_early
-        if sigint.requested:
+        if interrupted:
             path = checkpoint(None)
             log.warning("interrupted at step %d: saved %s; continue with --resume", step, path)
             return TrainResult(run_dir, path, step, state["best"], state["elapsed"], False, interrupted=True)
@@ -339,6 +395,28 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
             run_eval()
     latest = checkpoint(None)
     return TrainResult(run_dir, latest, step, state["best"], state["elapsed"], state["reached_target"])
+
+
+def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context):
+    """Rank 0 reads the data (training the tokenizers of a new run) and writes the tokenizers into the run
+    folder, which it creates only now (a bad corpus leaves nothing behind); the other processes then read
+    the data with those tokenizers. A problem on rank 0 stops every process with its message."""
+    kwargs = dict(joint=cfg.model.share_embeddings, feature_dim=cfg.model.feature_dim)
+    splits = ("train", "valid")
+    if ctx.main:
+        try:
+            data = load_task(cfg.data, splits, tokenizers=ckpt.tokenizers if ckpt else None, **kwargs)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_tokenizers(data.tokenizers, run_dir)
+        except Exception as e:
+            distributed.broadcast_object(ctx, f"{type(e).__name__}: {e}")
+            raise
+        distributed.broadcast_object(ctx, None)
+        return data
+    problem = distributed.broadcast_object(ctx, None)
+    if problem is not None:
+        raise ValueError(f"rank 0 could not read the data ({problem})")
+    return load_task(cfg.data, splits, tokenizers=ckpt.tokenizers if ckpt else load_tokenizers(run_dir), **kwargs)
 
 
 def _tensorboard(run_dir: Path, resumed_step: int | None):

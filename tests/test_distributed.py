@@ -1,0 +1,84 @@
+"""torchrun with 2 CPU processes (gloo): the same parameters as one process with the same global batch, exact
+resume, one writer, and errors that stop every process instead of hanging."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tformer.config import save_config
+from tformer.train.loop import train
+
+from conftest import tiny_config
+
+
+def _cfg(**train):
+    cfg = tiny_config()
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="cpu", threads=1, **train))
+
+
+def _torchrun(config, run_dir, *extra, nproc=2, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "tformer", "train", "--config", str(config), "--run-dir", str(run_dir), "--no-progress", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)  # a hang fails here
+
+
+def _weights(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step_{step:07d}" / "model.safetensors"))
+
+
+def _assert_same(a, b, atol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-5, msg=k)
+
+
+def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
+    # Adam's epsilon is raised here: the key projection's bias gets a gradient that is zero in exact
+    # arithmetic (softmax ignores a constant per query), and Adam turns its float noise, which depends on the
+    # order of the sums, into full-size steps of either sign
+    two = _cfg(max_steps=3, epochs=5, adam_eps=1e-4)
+    save_config(two, tmp_path / "two.yaml")
+    proc = _torchrun(tmp_path / "two.yaml", tmp_path / "ddp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train(_cfg(max_steps=3, epochs=5, adam_eps=1e-4, accum_steps=2), tmp_path / "single")  # same 2 batches per update
+    _assert_same(_weights(tmp_path / "ddp", 3), _weights(tmp_path / "single", 3))
+    # one writer: one metrics log with one record per step and evaluation, the logged loss of the whole update
+    ddp = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
+    single = (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()
+    assert len(ddp) == len(single)
+    import json
+
+    a, b = json.loads(ddp[0]), json.loads(single[0])
+    assert a["step"] == b["step"] == 1 and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert proc.stdout.count("run folder:") == 1  # rank 0 reports
+
+
+def test_resume_under_torchrun_continues_exactly_and_needs_the_same_process_count(tmp_path):
+    whole = _cfg(max_steps=4, epochs=5, eval_every=2)
+    save_config(whole, tmp_path / "whole.yaml")
+    assert _torchrun(tmp_path / "whole.yaml", tmp_path / "a").returncode == 0
+    half = _cfg(max_steps=2, epochs=5, eval_every=2)
+    save_config(half, tmp_path / "half.yaml")
+    assert _torchrun(tmp_path / "half.yaml", tmp_path / "b").returncode == 0
+    proc = _torchrun(tmp_path / "whole.yaml", tmp_path / "b", "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_same(_weights(tmp_path / "a", 4), _weights(tmp_path / "b", 4), atol=0)
+    single = subprocess.run([sys.executable, "-m", "tformer", "train", "--run-dir", str(tmp_path / "b"), "--resume",
+                             "train.max_steps=6"], capture_output=True, text=True, timeout=120)
+    assert single.returncode == 2 and "written by 2 training process(es), this run has 1" in single.stderr
+
+
+def test_a_data_error_on_rank_0_stops_every_process(tmp_path):
+    cfg = _cfg(max_steps=2)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, task="text", dir=str(tmp_path / "missing")))
+    save_config(cfg, tmp_path / "bad.yaml")
+    proc = _torchrun(tmp_path / "bad.yaml", tmp_path / "run", timeout=120)
+    assert proc.returncode != 0
+    assert "rank 0 could not read the data" in proc.stderr  # rank 1 says why it stopped
+    assert not (tmp_path / "run").exists()
