@@ -3,6 +3,7 @@ resume, one writer, and errors that stop every process instead of hanging."""
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 
@@ -25,7 +26,15 @@ def _torchrun(config, run_dir, *extra, nproc=2, timeout=120):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "tformer", "train", "--config", str(config), "--run-dir", str(run_dir), "--no-progress", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)  # a hang fails here
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a hang: kill torchrun and its workers, then fail
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout} s (a hang?)\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _weights(run_dir, step):

@@ -182,8 +182,11 @@ def test_tupe_model_graph_equals_dense(positions, norm):
     a = dense(src, sl, tgt, tl).real()
     b = graph(src, sl, tgt, tl).real()
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-    ga = torch.autograd.grad(a.pow(2).sum(), list(dense.parameters()), allow_unused=True)
-    gb = torch.autograd.grad(b.pow(2).sum(), list(graph.parameters()), allow_unused=True)
+    # a random projection, not a.pow(2).sum(): behind a post-norm LayerNorm the sum of squares is nearly
+    # constant, its gradients nearly cancel, and float32 leaves ~3% noise in them (float64 agrees to 1e-14)
+    w = torch.randn(a.shape, generator=torch.Generator().manual_seed(3))
+    ga = torch.autograd.grad((a * w).sum(), list(dense.parameters()), allow_unused=True)
+    gb = torch.autograd.grad((b * w).sum(), list(graph.parameters()), allow_unused=True)
     for (name, _), x, y in zip(dense.named_parameters(), ga, gb):
         assert (x is None) == (y is None) == (name == "generator.bias"), name  # the generator is not applied
         if x is not None:

@@ -457,6 +457,16 @@ def cmd_explore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from tformer.export import export_ctranslate2
+
+    out = export_ctranslate2(args.checkpoint, args.out, quantization=args.quantization, force=args.force)
+    print(f"wrote the CTranslate2 model {out} (from {args.checkpoint}{', ' + args.quantization if args.quantization else ''})")
+    print("translate with ctranslate2.Translator, feeding the checkpoint's pieces (tformer.export.translate_ctranslate2 "
+          "does the tokenising)")
+    return 0
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from tformer.config import StructureConfig
     from tformer.structures import build_structure
@@ -640,6 +650,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-nbest", type=int, default=8, help="most hypotheses a request may ask for (default 8)")
     common(sp, inference_help)
     sp.set_defaults(func=cmd_explore)
+
+    sp = sub.add_parser("export", help="export a checkpoint to CTranslate2",
+                        description="Convert a checkpoint into a CTranslate2 model folder with CTranslate2's own "
+                        "converter API (pip install ctranslate2). Vanilla models with sinusoidal or learned "
+                        "positions, pre- or post-norm, ReLU or GELU; the vocabularies are the checkpoint's, "
+                        "</s> is added to every source. Example: tformer export --format ctranslate2 runs/m30k "
+                        "runs/m30k-ct2 --quantization int8")
+    sp.add_argument("--format", required=True, choices=("ctranslate2",), help="target format")
+    sp.add_argument("checkpoint", metavar="RUN_DIR", help="run folder (its best checkpoint) or checkpoint folder")
+    sp.add_argument("out", metavar="OUT", help="folder to write")
+    sp.add_argument("--quantization", choices=("int8", "int8_float32", "int16", "float16", "bfloat16"),
+                    help="store the weights quantized (default: float32)")
+    sp.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("graph", help="draw attention structures (the seed's graphs, or a sparse pattern)",
                         description="Draw, from the edge lists the graph kernel computes on, either the three "

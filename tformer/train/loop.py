@@ -195,11 +195,13 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     """Train `cfg` into `run_dir`, or continue it (`resume`). Under torchrun (WORLD_SIZE > 1) every process
     calls this; see tformer.train.distributed."""
     ctx = distributed.setup(cfg.train.device)
+    threads = torch.get_num_threads()
     try:
         if not ctx.main:
             log.setLevel(logging.WARNING)  # one voice: rank 0 logs
         return _train(cfg, Path(run_dir), resume, progress and ctx.main, ctx)
     finally:
+        torch.set_num_threads(threads)  # train.threads is this run's, not the caller's for good
         distributed.teardown(ctx)
 
 

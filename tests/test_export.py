@@ -1,0 +1,50 @@
+"""The CTranslate2 export translates exactly as tformer does (greedy and beam), for post- and pre-norm,
+ReLU and GELU, sinusoidal and learned positions; what it cannot express is refused with the reason."""
+
+import dataclasses
+
+import pytest
+
+from tformer.cli import main
+from tformer.config import DecodeConfig
+from tformer.data import load_task
+from tformer.export import export_ctranslate2, translate_ctranslate2
+from tformer.inference import load_model, translate_ids
+from tformer.train.loop import train
+
+from conftest import tiny_config
+
+pytest.importorskip("ctranslate2", reason="pip install ctranslate2 (part of the test extra)")
+
+
+def _run(path, epochs=3, **model):
+    cfg = tiny_config(**model)
+    train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs)), path)
+    return path
+
+
+@pytest.mark.parametrize("model", [dict(), dict(norm="pre", activation="gelu", positions="learned",
+                                                  share_embeddings=True)])
+def test_exported_model_translates_like_tformer(tmp_path, model):
+    run = _run(tmp_path / "run", **model)
+    out = export_ctranslate2(run, tmp_path / "ct2")
+    ckpt, m = load_model(str(run))
+    data = load_task(ckpt.cfg.data, ("valid",), tokenizers=ckpt.tokenizers)
+    sources = data.texts["valid"][0]
+    for beam in (1, 4):
+        decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
+                              max_len_a=0.0, max_len_b=30)
+        ours = [ckpt.tokenizers[1].decode(h[0]) for h in translate_ids(m, [s for s, _ in data.examples["valid"]],
+                                                                       decode).tokens]
+        theirs = translate_ctranslate2(out, ckpt.tokenizers, sources, beam=beam, len_penalty=0.0, max_len=30)
+        assert theirs == ours
+
+
+def test_unexportable_models_are_refused_and_the_command_works(tmp_path, capsys):
+    tupe = _run(tmp_path / "tupe", epochs=1, positions="tupe")
+    with pytest.raises(ValueError, match="CTranslate2 cannot run this model: encoder positions tupe"):
+        export_ctranslate2(tupe, tmp_path / "x")
+    run = _run(tmp_path / "run", epochs=1)
+    assert main(["export", "--format", "ctranslate2", str(run), str(tmp_path / "q"), "--quantization", "int8"]) == 0
+    assert (tmp_path / "q" / "model.bin").exists() and "int8" in capsys.readouterr().out
+    assert main(["export", "--format", "ctranslate2", str(tupe), str(tmp_path / "y")]) == 2

@@ -1,0 +1,153 @@
+"""Export a trained model to CTranslate2 (through CTranslate2's own converter API).
+
+    tformer export --format ctranslate2 RUN_DIR OUT [--quantization int8]
+
+`TformerConverter` is a `ctranslate2.converters.Converter`: it builds CTranslate2's `TransformerSpec` (pre- or
+post-norm, ReLU or GELU, sinusoidal or learned absolute positions as a table) and fills it with the
+checkpoint's tensors; CTranslate2's `convert()` validates, optionally quantizes and writes the folder. The
+vocabularies are the checkpoint's own (ids 0..3: <pad> <s> </s> <unk>), so CTranslate2 reads and writes the
+same pieces tformer does; `</s>` is appended to every source (add_source_eos), the decoder starts from <s>.
+Models CTranslate2 cannot express (TUPE, a universal transformer, frame encoders, sparse structures) are
+refused with the reason. Translating with the export: `translate_ctranslate2`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tformer.config import ModelConfig
+from tformer.positions import sinusoidal_table
+
+
+def _require_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ValueError("export to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+    return ctranslate2
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+    """Raise ValueError naming the setting CTranslate2's Transformer cannot express."""
+    problems = []
+    if cfg.kind != "vanilla":
+        problems.append(f"model.kind={cfg.kind} (ACT halting has no CTranslate2 counterpart)")
+    if cfg.source != "tokens":
+        problems.append("model.source=features (a frame encoder)")
+    for side in ("encoder", "decoder"):
+        if cfg.side_positions(side) not in ("sinusoidal", "learned"):
+            problems.append(f"{side} positions {cfg.side_positions(side)} (an attention bias)")
+    if not (cfg.encoder_structure.window == cfg.decoder_structure.window == 0
+            and not cfg.encoder_structure.edges and not cfg.decoder_structure.edges
+            and cfg.encoder_structure.dilation == cfg.decoder_structure.dilation == 1
+            and cfg.encoder_structure.global_tokens == cfg.decoder_structure.global_tokens == 0):
+        problems.append("a sparse attention structure")
+    if problems:
+        raise ValueError("CTranslate2 cannot run this model: " + "; ".join(problems))
+
+
+def _converter_class():
+    ctranslate2 = _require_ctranslate2()
+    from ctranslate2.converters.converter import Converter
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    class TformerConverter(Converter):
+        """A tformer checkpoint (run folder or checkpoint folder) as a CTranslate2 model specification."""
+
+        def __init__(self, checkpoint: str | Path, which: str = "best") -> None:
+            self.checkpoint, self.which = str(checkpoint), which
+
+        def _load(self):
+            from tformer.inference import load_model
+
+            ckpt, model = load_model(self.checkpoint, which=self.which)
+            cfg = ckpt.cfg.model
+            check_exportable(cfg)
+            state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+            activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg.activation]
+            spec = transformer_spec.TransformerSpec.from_config(
+                (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.norm == "pre",
+                activation=activation)
+            spec.config.add_source_eos = True
+            spec.config.decoder_start_token = "<s>"
+            spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+            _fill(spec.encoder, state, "encoder", cfg, model)
+            _fill(spec.decoder, state, "decoder", cfg, model)
+            spec.decoder.projection.weight = state["generator.weight"]
+            spec.decoder.projection.bias = state["generator.bias"]
+            src_tok, tgt_tok = ckpt.tokenizers
+            spec.register_source_vocabulary(list(src_tok.vocab.itos))
+            spec.register_target_vocabulary(list(tgt_tok.vocab.itos))
+            return spec
+
+    del ctranslate2
+    return TformerConverter
+
+
+def _positions(cfg: ModelConfig, model, side: str) -> np.ndarray:
+    embed = model.src_embed if side == "encoder" else model.tgt_embed
+    if cfg.side_positions(side) == "sinusoidal":
+        return sinusoidal_table(cfg.max_positions, cfg.d_model).numpy()
+    return embed.positions.table.weight.detach().float().numpy()  # learned
+
+
+def _fill(spec, state: dict[str, np.ndarray], side: str, cfg: ModelConfig, model) -> None:
+    D = cfg.d_model
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings  # encoder: a list
+    embeddings.weight = state[("src" if side == "encoder" else "tgt") + "_embed.tokens.weight"]
+    spec.scale_embeddings = True
+    spec.position_encodings.encodings = _positions(cfg, model, side)
+    if cfg.norm == "pre":
+        spec.layer_norm.gamma, spec.layer_norm.beta = state[f"{side}_norm.weight"], state[f"{side}_norm.bias"]
+
+    def linear(target, name: str, rows: slice = slice(None)) -> None:
+        target.weight = state[f"{name}.weight"][rows]
+        target.bias = state[f"{name}.bias"][rows]
+
+    def norm(target, name: str) -> None:
+        target.gamma, target.beta = state[f"{name}.weight"], state[f"{name}.bias"]
+
+    for i, layer in enumerate(spec.layer):
+        p = f"{side}_layers.{i}"
+        linear(layer.self_attention.linear[0], f"{p}.self_attn.in_proj")  # fused q, k, v: the same row order
+        linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"{p}.res_attn.norm" if side == "encoder" else f"{p}.res_self.norm")
+        if side == "decoder":
+            linear(layer.attention.linear[0], f"{p}.cross_attn.in_proj", slice(0, D))
+            linear(layer.attention.linear[1], f"{p}.cross_attn.in_proj", slice(D, 3 * D))  # fused k, v
+            linear(layer.attention.linear[2], f"{p}.cross_attn.out_proj")
+            norm(layer.attention.layer_norm, f"{p}.res_cross.norm")
+        linear(layer.ffn.linear_0, f"{p}.ffn.linear1")
+        linear(layer.ffn.linear_1, f"{p}.ffn.linear2")
+        norm(layer.ffn.layer_norm, f"{p}.res_ffn.norm")
+
+
+def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str | None = None,
+                       force: bool = False, which: str = "best") -> Path:
+    """Write the CTranslate2 model folder `out`; returns it."""
+    converter = _converter_class()(checkpoint, which)
+    return Path(converter.convert(str(out), quantization=quantization, force=force))
+
+
+def translate_ctranslate2(model_dir: str | Path, tokenizers, sources: list[str], beam: int = 5,
+                          len_penalty: float = 0.0, max_len: int = 256, min_len: int = 0, batch_size: int = 64,
+                          compute_type: str = "default", threads: int = 0) -> list[str]:
+    """Translate raw sentences with an exported model, tokenised and detokenised by the checkpoint's own
+    tokenizers. len_penalty: CTranslate2's (score / length**alpha), not tformer's GNMT penalty; at 0 both
+    rank by the summed log-probability. min_len: as tformer's decode.min_len (CTranslate2's default is 1)."""
+    from tformer.data.corpus import normalize
+    from tformer.viz.attention import token_labels
+
+    ctranslate2 = _require_ctranslate2()
+    src_tok, tgt_tok = tokenizers
+    translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
+                                        intra_threads=threads or torch.get_num_threads())
+    pieces = [token_labels(src_tok, src_tok.encode(normalize(s))) for s in sources]
+    results = translator.translate_batch(pieces, max_batch_size=batch_size, beam_size=beam,
+                                         length_penalty=len_penalty, max_decoding_length=max_len,
+                                         min_decoding_length=min_len)
+    stoi = tgt_tok.vocab.stoi
+    return [tgt_tok.decode([stoi.get(t, 3) for t in r.hypotheses[0]]) for r in results]
