@@ -48,3 +48,42 @@ def test_unexportable_models_are_refused_and_the_command_works(tmp_path, capsys)
     assert main(["export", "--format", "ctranslate2", str(run), str(tmp_path / "q"), "--quantization", "int8"]) == 0
     assert (tmp_path / "q" / "model.bin").exists() and "int8" in capsys.readouterr().out
     assert main(["export", "--format", "ctranslate2", str(tupe), str(tmp_path / "y")]) == 2
+
+
+def test_hugging_face_marian_with_our_weights_decodes_the_same(tmp_path):
+    pytest.importorskip("transformers", reason="pip install transformers (part of the test extra)")
+    import torch
+
+    from tformer.export import to_hf_marian
+
+    run = _run(tmp_path / "run", epochs=4)
+    ckpt, m = load_model(str(run))
+    hf = to_hf_marian(m)
+    data = load_task(ckpt.cfg.data, ("valid",), tokenizers=ckpt.tokenizers)
+    sources = [s for s, _ in data.examples["valid"]]
+    inp = torch.nn.utils.rnn.pad_sequence([torch.tensor(s + [2]) for s in sources], batch_first=True)
+    with torch.no_grad():  # the same network: teacher-forced logits agree
+        tgt = torch.tensor([[1] + t for _, t in data.examples["valid"][:1]])
+        ours = m.generator(m(inp[:1], (inp[:1] != 0).sum(1), tgt, torch.tensor([tgt.shape[1]])).hidden)
+        theirs = hf(input_ids=inp[:1], attention_mask=inp[:1] != 0, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+    for beam in (1, 4):
+        decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
+                              max_len_a=0.0, max_len_b=20)
+        want = [h[0] for h in translate_ids(m, sources, decode).tokens]
+        extra = dict(length_penalty=0.0) if beam > 1 else {}
+        with torch.inference_mode():
+            gen = hf.generate(input_ids=inp, attention_mask=inp != 0, num_beams=beam, max_new_tokens=20,
+                              do_sample=False, suppress_tokens=[0, 1], **extra).tolist()
+        got = [[t for t in (r[1:][: r[1:].index(2)] if 2 in r[1:] else r[1:]) if t != 0] for r in gen]
+        assert got == want
+
+
+def test_marian_needs_post_norm():
+    from tformer.config import ModelConfig
+    from tformer.export import to_hf_marian
+    from tformer.model import build_model
+
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="post-norm only"):
+        to_hf_marian(build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32, norm="pre"), 10, 10))

@@ -151,3 +151,72 @@ def translate_ctranslate2(model_dir: str | Path, tokenizers, sources: list[str],
                                          min_decoding_length=min_len)
     stoi = tgt_tok.vocab.stoi
     return [tgt_tok.decode([stoi.get(t, 3) for t in r.hypotheses[0]]) for r in results]
+
+
+# ------------------------------------------------------------------------------------------ Hugging Face
+
+
+def to_hf_marian(model):
+    """The same network as a Hugging Face `MarianMTModel` (weights copied; built from a config, nothing is
+    downloaded), for side-by-side comparisons: MarianMT is a post-norm Transformer with sqrt(d)-scaled
+    embeddings and sinusoidal positions, so a post-norm tformer model with sinusoidal or learned positions
+    maps onto it exactly (its position table is overwritten with ours). Decoding starts from <s> (id 1)."""
+    try:
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError:
+        raise ValueError("the Hugging Face comparison needs transformers: pip install transformers") from None
+    cfg = model.cfg
+    check_exportable(cfg)
+    if cfg.norm != "post":
+        raise ValueError("MarianMT is post-norm only; this model is model.norm=pre")
+    V_src, V_tgt = model.src_embed.tokens.num_embeddings, model.tgt_embed.tokens.num_embeddings
+    shared = cfg.share_embeddings
+    hf_cfg = MarianConfig(
+        vocab_size=V_src, decoder_vocab_size=V_tgt, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
+        max_position_embeddings=cfg.max_positions, scale_embedding=True, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        forced_eos_token_id=None, share_encoder_decoder_embeddings=shared,
+        tie_word_embeddings=cfg.tie_generator and shared)
+    hf = MarianMTModel(hf_cfg).eval()
+    ours = {k: v.detach().float() for k, v in model.state_dict().items()}
+    D = cfg.d_model
+    with torch.no_grad():
+        m = hf.model
+        m.encoder.embed_tokens.weight.copy_(ours["src_embed.tokens.weight"])
+        m.decoder.embed_tokens.weight.copy_(ours["tgt_embed.tokens.weight"])
+        for side, hf_side in (("encoder", m.encoder), ("decoder", m.decoder)):
+            hf_side.embed_positions.weight.copy_(torch.from_numpy(_positions(cfg, model, side))[
+                : hf_side.embed_positions.weight.shape[0]])
+            for i, layer in enumerate(hf_side.layers):
+                p = f"{side}_layers.{i}"
+                own = "res_attn" if side == "encoder" else "res_self"
+                w, b = ours[f"{p}.self_attn.in_proj.weight"], ours[f"{p}.self_attn.in_proj.bias"]
+                for j, proj in enumerate((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)):
+                    proj.weight.copy_(w[j * D : (j + 1) * D])
+                    proj.bias.copy_(b[j * D : (j + 1) * D])
+                layer.self_attn.out_proj.weight.copy_(ours[f"{p}.self_attn.out_proj.weight"])
+                layer.self_attn.out_proj.bias.copy_(ours[f"{p}.self_attn.out_proj.bias"])
+                layer.self_attn_layer_norm.weight.copy_(ours[f"{p}.{own}.norm.weight"])
+                layer.self_attn_layer_norm.bias.copy_(ours[f"{p}.{own}.norm.bias"])
+                if side == "decoder":
+                    w, b = ours[f"{p}.cross_attn.in_proj.weight"], ours[f"{p}.cross_attn.in_proj.bias"]
+                    a = layer.encoder_attn
+                    for j, proj in enumerate((a.q_proj, a.k_proj, a.v_proj)):
+                        proj.weight.copy_(w[j * D : (j + 1) * D])
+                        proj.bias.copy_(b[j * D : (j + 1) * D])
+                    a.out_proj.weight.copy_(ours[f"{p}.cross_attn.out_proj.weight"])
+                    a.out_proj.bias.copy_(ours[f"{p}.cross_attn.out_proj.bias"])
+                    layer.encoder_attn_layer_norm.weight.copy_(ours[f"{p}.res_cross.norm.weight"])
+                    layer.encoder_attn_layer_norm.bias.copy_(ours[f"{p}.res_cross.norm.bias"])
+                layer.fc1.weight.copy_(ours[f"{p}.ffn.linear1.weight"])
+                layer.fc1.bias.copy_(ours[f"{p}.ffn.linear1.bias"])
+                layer.fc2.weight.copy_(ours[f"{p}.ffn.linear2.weight"])
+                layer.fc2.bias.copy_(ours[f"{p}.ffn.linear2.bias"])
+                layer.final_layer_norm.weight.copy_(ours[f"{p}.res_ffn.norm.weight"])
+                layer.final_layer_norm.bias.copy_(ours[f"{p}.res_ffn.norm.bias"])
+        if hf.lm_head.weight.data_ptr() != m.decoder.embed_tokens.weight.data_ptr():
+            hf.lm_head.weight.copy_(ours["generator.weight"])
+        hf.final_logits_bias.copy_(ours["generator.bias"][None])
+    return hf

@@ -1,0 +1,200 @@
+"""Decoding speed beside the peers, in one run: tformer, CTranslate2 (fp32, int8) on the export, Hugging Face
+MarianMT `generate` with our weights copied in. Multi30k test2016 sources, batch 64, greedy and beam 5.
+
+    python benchmarks/decoding_peers.py --checkpoint runs/multi30k_en_de [--random] [--rounds 3] [--record]
+
+--checkpoint: the trained model (pre-norm, so MarianMT, post-norm only, sits out); translations are also
+compared with tformer's, sentence by sentence, and scored with sacreBLEU.
+--random: a random post-norm Marian-size model (d=256, 3+3 layers, 4 heads, FFN 1024, the checkpoint's
+vocabulary) that every peer can run; random weights decode to the length limit, so this measures the
+machinery on long outputs. Each (engine, setting) runs `--rounds` times, engines taking turns (the machine
+is shared and noisy); the table gives the median. Target tokens = generated tokens with </s>. The fp32
+matrix-multiply ceiling is measured in the same run (torch.mm, 1024^3) and the decoder's FLOPs per target
+token (projections, FFN, generator and attention over the cache, counted per hypothesis) give the
+fraction of it that greedy decoding reaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHARED_DATA, append_results  # noqa: E402
+
+from tformer.config import DecodeConfig  # noqa: E402
+from tformer.data.corpus import normalize  # noqa: E402
+from tformer.export import export_ctranslate2, to_hf_marian  # noqa: E402
+from tformer.inference import load_model, translate_ids  # noqa: E402
+from tformer.metrics import translation_scores  # noqa: E402
+from tformer.model import build_model  # noqa: E402
+from tformer.viz.attention import token_labels  # noqa: E402
+
+
+def gemm_ceiling(n: int = 1024, reps: int = 10) -> float:
+    """Measured fp32 GFLOP/s of torch.mm on n x n matrices (best of `reps`)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        tic = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - tic)
+    return 2 * n ** 3 / best / 1e9
+
+
+def decoder_flops_per_token(cfg, vocab: int, src_len: float, tgt_len: float) -> float:
+    """Multiply-adds x 2 per generated token and hypothesis: self-attention projections (4 D^2), cross
+    query and output (2 D^2), FFN (2 D F), scores and values over the cache (2 D t, t = mean position) and
+    the source (2 D S), generator (D V)."""
+    D, F, L = cfg.d_model, cfg.d_ff, cfg.decoder_layers
+    per_layer = 4 * D * D + 2 * D * D + 2 * D * F + 2 * D * (tgt_len / 2) + 2 * D * src_len
+    return 2 * (L * per_layer + D * vocab)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default="runs/multi30k_en_de")
+    ap.add_argument("--random", action="store_true", help="a random post-norm Marian-size model instead")
+    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--engines", nargs="+", default=["tformer", "ct2-fp32", "ct2-int8", "hf"])
+    ap.add_argument("--record", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    threads = torch.get_num_threads()
+
+    ckpt, model = load_model(args.checkpoint)
+    src_tok, tgt_tok = ckpt.tokenizers
+    with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
+        sources = [line.strip() for line in f][: args.sentences]
+    with gzip.open(SHARED_DATA / "multi30k" / "test2016.de.gz", "rt", encoding="utf-8") as f:
+        refs = [line.strip() for line in f][: args.sentences]
+    ids = [src_tok.encode(normalize(s)) for s in sources]
+    if args.random:
+        torch.manual_seed(0)
+        cfg = dataclasses.replace(ckpt.cfg.model, d_model=256, n_heads=4, d_ff=1024, encoder_layers=3,
+                                  decoder_layers=3, norm="post", dropout=0.0, attention_dropout=0.0, ffn_dropout=0.0)
+        model = build_model(cfg, len(src_tok.vocab), len(tgt_tok.vocab)).eval()
+        engines = args.engines
+        max_len = 64  # random weights run to the limit
+    else:
+        cfg = ckpt.cfg.model
+        engines = [e for e in args.engines if e != "hf" or cfg.norm == "post"]
+        max_len = 128
+    work = Path(tempfile.mkdtemp(prefix="tformer-peers-"))
+    ct2_dirs = {}
+    if any(e.startswith("ct2") for e in engines):
+        import ctranslate2
+
+        if args.random:  # export the random model through a checkpoint folder
+            from tformer.train.checkpoint import save_checkpoint
+
+            rcfg = dataclasses.replace(ckpt.cfg, model=cfg)
+            save_checkpoint(work / "run", 0, model, None, {}, rcfg, ckpt.tokenizers, best=True)
+            source_ckpt = work / "run"
+        else:
+            source_ckpt = Path(args.checkpoint)
+        ct2_dirs["ct2-fp32"] = export_ctranslate2(source_ckpt, work / "ct2-fp32")
+        ct2_dirs["ct2-int8"] = export_ctranslate2(source_ckpt, work / "ct2-int8", quantization="int8")
+        translators = {k: ctranslate2.Translator(str(v), device="cpu", intra_threads=threads, inter_threads=1)
+                       for k, v in ct2_dirs.items()}
+    hf = to_hf_marian(model) if "hf" in engines else None
+    pieces = [token_labels(src_tok, x) for x in ids]
+
+    def run(engine: str, beam: int) -> list[list[int]]:
+        if engine == "tformer":
+            decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
+                                  max_len_a=0.0, max_len_b=max_len, batch_size=args.batch_size)
+            return [h[0] for h in translate_ids(model, ids, decode).tokens]
+        if engine.startswith("ct2"):
+            res = translators[engine].translate_batch(pieces, max_batch_size=args.batch_size, beam_size=beam,
+                                                      length_penalty=0.0, max_decoding_length=max_len,
+                                                      min_decoding_length=0)
+            stoi = tgt_tok.vocab.stoi
+            return [[stoi.get(t, 3) for t in r.hypotheses[0]] for r in res]
+        out = []  # hf: batches in length order, as the others do
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        result: dict[int, list[int]] = {}
+        for start in range(0, len(order), args.batch_size):
+            rows = order[start : start + args.batch_size]
+            inp = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids[i] + [2]) for i in rows], batch_first=True)
+            extra = dict(length_penalty=0.0) if beam > 1 else {}
+            with torch.inference_mode():
+                gen = hf.generate(input_ids=inp, attention_mask=inp != 0, num_beams=beam, max_new_tokens=max_len,
+                                  do_sample=False, suppress_tokens=[0, 1], **extra)
+            for i, row in zip(rows, gen.tolist()):
+                row = row[1:]
+                row = row[: row.index(2)] if 2 in row else row
+                result[i] = [t for t in row if t != 0]
+        out = [result[i] for i in range(len(ids))]
+        return out
+
+    full = ids, pieces
+    ids, pieces = full[0][: args.batch_size], full[1][: args.batch_size]
+    for engine in engines:  # warm-up: first calls pay for lazy initialisation
+        for beam in args.beams:
+            run(engine, beam)
+    ids, pieces = full
+    ceiling = gemm_ceiling()
+    times: dict[tuple[str, int], list[float]] = {}
+    outputs: dict[tuple[str, int], list[list[int]]] = {}
+    for _ in range(args.rounds):
+        for beam in args.beams:
+            for engine in engines:
+                tic = time.perf_counter()
+                outputs[engine, beam] = run(engine, beam)
+                times.setdefault((engine, beam), []).append(time.perf_counter() - tic)
+    ceiling = max(ceiling, gemm_ceiling())
+
+    vocab = len(tgt_tok.vocab)
+    src_len = statistics.mean(len(x) + 1 for x in ids)
+    table = ["| decoding | engine | sentences/s | target tokens/s | vs tformer | equal to tformer | BLEU |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    notes = []
+    for beam in args.beams:
+        base = statistics.median(times["tformer", beam]) if ("tformer", beam) in times else None
+        for engine in engines:
+            secs = statistics.median(times[engine, beam])
+            out = outputs[engine, beam]
+            n_tok = sum(len(h) + 1 for h in out)
+            same = sum(a == b for a, b in zip(out, outputs.get(("tformer", beam), out)))
+            bleu = translation_scores([tgt_tok.decode(h) for h in out], refs, "de").bleu
+            table.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {engine} | {len(out) / secs:.1f} | "
+                         f"{n_tok / secs:,.0f} | {base / secs if base else float('nan'):.2f}x | {same}/{len(out)} | "
+                         f"{bleu:.2f} |")
+            if engine == "tformer" and beam == 1:
+                tgt_len = n_tok / len(out)
+                flops = decoder_flops_per_token(cfg, vocab, src_len, tgt_len) * n_tok / secs / 1e9
+                notes.append(f"tformer greedy: {flops:.1f} GFLOP/s of decoder arithmetic, "
+                             f"{100 * flops / ceiling:.0f}% of the measured fp32 ceiling {ceiling:.0f} GFLOP/s")
+    what = ("random post-norm Marian-size model (d=256, 3+3, 4 heads, FFN 1024)" if args.random else
+            f"checkpoint {args.checkpoint} ({cfg.norm}-norm, d={cfg.d_model}, {cfg.encoder_layers}+"
+            f"{cfg.decoder_layers} layers)")
+    import ctranslate2
+    import transformers
+
+    notes.append(f"{len(ids)} Multi30k test2016 sentences, {what}, vocabulary {vocab}, batch {args.batch_size}, "
+                 f"length penalty 0 everywhere, output limit {max_len} tokens, {threads} threads each, median of "
+                 f"{args.rounds} rounds with the engines taking turns; torch {torch.__version__}, CTranslate2 "
+                 f"{ctranslate2.__version__}, transformers {transformers.__version__}"
+                 + ("" if "hf" in engines else "; MarianMT is post-norm only, so it sits out for this model"))
+    print("\n".join(table))
+    print("\n".join(notes))
+    if args.record:
+        append_results("Decoding beside CTranslate2 and Hugging Face" + (" (random model)" if args.random else ""),
+                       "\n".join(table), "\n\n".join(notes))
+
+
+if __name__ == "__main__":
+    main()
