@@ -1,14 +1,18 @@
 """Training throughput: tformer against torch.nn.Transformer of the same size, on the same batches, in one run.
 
-    python benchmarks/train_throughput.py [--steps 20] [--rounds 3] [--dropout 0.1] [--append]
+    python benchmarks/train_throughput.py [--size small|base] [--steps 20] [--rounds 3] [--dropout 0.1] [--append]
 
-Both models: d=256, 3+3 layers, 4 heads, FFN 1024, vocabulary 8000 (untied embeddings and generator), Adam,
+Both models: small d=256, 3+3 layers, 4 heads, FFN 1024 (base: d=512, 6+6, 8 heads, FFN 2048), vocabulary
+8000 (untied embeddings and generator), Adam,
 label-smoothed cross-entropy, post-norm. The reference is the textbook set-up: nn.Embedding scaled by
 sqrt(d) + sinusoidal positions, nn.Transformer with padding and causal masks, a Linear generator over every
 position, F.cross_entropy(label_smoothing=0.1, ignore_index=pad). The batches are token-budget batches of
 Multi30k (en->de) sentences, each word hashed to one of 8000 ids, so lengths and padding are real.
 The two models alternate in rounds (noisy shared machine): the table gives each round and the median.
 Throughput counts source + target tokens the model sees (</s> and <s> included), padding excluded.
+The fp32 matrix-multiply ceiling (torch.mm 1024^3, best of 10) is measured in the same run, before and
+after; "of ceiling" is the model's useful arithmetic (3x the forward FLOPs of the real tokens: projections,
+FFN, attention over the padded lengths, generator) per second over that ceiling.
 """
 
 from __future__ import annotations
@@ -35,7 +39,28 @@ from tformer.model import build_model  # noqa: E402
 from tformer.positions import sinusoidal_table  # noqa: E402
 from tformer.train.loop import train_step_loss  # noqa: E402
 
-V, D, H, LAYERS, FF = 8000, 256, 4, 3, 1024
+V = 8000
+SIZES = {"small": (256, 4, 3, 1024), "base": (512, 8, 6, 2048)}  # d, heads, layers per side, FFN
+D, H, LAYERS, FF = SIZES["small"]
+
+
+def gemm_ceiling(n: int = 1024, reps: int = 10) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        tic = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - tic)
+    return 2 * n ** 3 / best / 1e9
+
+
+def training_flops(b) -> float:
+    """3 x forward multiply-add FLOPs of one batch's real tokens (attention over the padded lengths)."""
+    S, T = b.src.shape[1], b.tgt_in.shape[1]
+    enc = LAYERS * 2 * (4 * D * D + 2 * D * FF + 2 * D * S)
+    dec = LAYERS * 2 * (4 * D * D + 2 * D * D + 2 * D * FF + 2 * D * T + 2 * D * S) + 2 * D * V
+    return 3 * (b.n_src_tokens * enc + b.n_tgt_tokens * dec)
 
 
 def hashed_corpus(n: int) -> list[tuple[list[int], list[int]]]:
@@ -84,7 +109,9 @@ def run(loss_fn, params, batches) -> float:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         tokens += b.n_src_tokens + b.n_tgt_tokens
-    return tokens / (time.perf_counter() - tic)
+    seconds = time.perf_counter() - tic
+    run.flops_per_s = sum(training_flops(b) for b in batches) / seconds
+    return tokens / seconds
 
 
 run.opts = {}
@@ -97,8 +124,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
+    global D, H, LAYERS, FF
+    D, H, LAYERS, FF = SIZES[args.size]
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -119,28 +149,36 @@ def main() -> None:
     for fn, params in contenders.values():  # warm-up
         run(fn, params, batches[:3])
     rows = {name: [] for name in contenders}
+    flops = {name: [] for name in contenders}
+    ceiling = gemm_ceiling()
     for r in range(args.rounds):
         chunk = batches[3 + r * args.steps : 3 + (r + 1) * args.steps]
         for name, (fn, params) in contenders.items():
             rows[name].append(run(fn, params, chunk))
+            flops[name].append(run.flops_per_s / 1e9)
             print(f"round {r + 1}: {name:22s} {rows[name][-1]:8.0f} tokens/s", flush=True)
     ratios = [o / t for o, t in zip(rows["tformer"], rows["torch.nn.Transformer"])]
     real = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
     padded = sum(b.src.numel() + b.tgt_in.numel() for b in batches)
-    head = "| model | params | " + " | ".join(f"round {i + 1}" for i in range(args.rounds)) + " | median tok/s |"
-    lines = [head, "|" + "---|" * (args.rounds + 3)]
+    ceiling = max(ceiling, gemm_ceiling())
+    head = ("| model | params | " + " | ".join(f"round {i + 1}" for i in range(args.rounds))
+            + " | median tok/s | GFLOP/s | of ceiling |")
+    lines = [head, "|" + "---|" * (args.rounds + 5)]
     for name, n in (("torch.nn.Transformer", n_ref), ("tformer", n_ours)):
+        g = statistics.median(flops[name])
         lines.append(f"| {name} | {n:,} | " + " | ".join(f"{x:.0f}" for x in rows[name])
-                     + f" | {statistics.median(rows[name]):.0f} |")
+                     + f" | {statistics.median(rows[name]):.0f} | {g:.0f} | {100 * g / ceiling:.0f}% |")
     lines.append("| **ratio tformer / reference** | | " + " | ".join(f"{x:.2f}x" for x in ratios)
-                 + f" | **{statistics.median(ratios):.2f}x** |")
+                 + f" | **{statistics.median(ratios):.2f}x** | | |")
     table = "\n".join(lines)
-    notes = (f"d={D}, {LAYERS}+{LAYERS} layers, {H} heads, FFN {FF}, vocab {V}, dropout {args.dropout}, "
+    notes = (f"{args.size}: d={D}, {LAYERS}+{LAYERS} layers, {H} heads, FFN {FF}, vocab {V}, dropout {args.dropout}, "
+             f"measured fp32 GEMM ceiling {ceiling:.0f} GFLOP/s (best of before/after), "
              f"max_tokens {args.max_tokens}, {args.steps} batches per model per round; "
              f"padding is {100 * (1 - real / padded):.1f}% of the padded source+target positions.")
     print("\n" + table + "\n\n" + notes)
     if args.append:
-        append_results(f"Training throughput vs torch.nn.Transformer (dropout {args.dropout})", table, notes)
+        append_results(f"Training throughput vs torch.nn.Transformer ({args.size}, dropout {args.dropout})", table,
+                       notes)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,18 @@ def test_marian_needs_post_norm():
     pytest.importorskip("transformers")
     with pytest.raises(ValueError, match="post-norm only"):
         to_hf_marian(build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32, norm="pre"), 10, 10))
+
+
+def test_onnx_encoder_and_step_decode_like_tformer(tmp_path):
+    pytest.importorskip("onnxruntime", reason="pip install onnx onnxscript onnxruntime (part of the test extra)")
+    pytest.importorskip("onnxscript")
+    from tformer.export import export_onnx, onnx_greedy
+
+    run = _run(tmp_path / "run", epochs=4, norm="pre")
+    enc, step = export_onnx(run, tmp_path / "onnx")
+    assert enc.exists() and step.exists() and (tmp_path / "onnx" / "vocab.src.txt").exists()
+    ckpt, m = load_model(str(run))
+    data = load_task(ckpt.cfg.data, ("valid",), tokenizers=ckpt.tokenizers)
+    sources = [s for s, _ in data.examples["valid"][:12]]
+    want = [h[0] for h in translate_ids(m, sources, DecodeConfig(max_len_a=0.0, max_len_b=25)).tokens]
+    assert onnx_greedy(tmp_path / "onnx", sources, max_len=25) == want

@@ -220,3 +220,118 @@ def to_hf_marian(model):
             hf.lm_head.weight.copy_(ours["generator.weight"])
         hf.final_logits_bias.copy_(ours["generator.bias"][None])
     return hf
+
+
+# ------------------------------------------------------------------------------------------ ONNX
+
+
+class OnnxEncoder(torch.nn.Module):
+    """The encoder and the first decoding step (from <s>), as one graph: src (B, S) int64 ids with </s>,
+    src_lengths (B,) -> log-probabilities of the first token (B, V), src_mask (B, S), the cross-attention
+    keys and values of every layer (L, B, H, S, Dh) and the self-attention cache after position 0
+    (L, B, H, 1, Dh). Starting the step graph from a cache of length >= 1 keeps its shapes free of zeros."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src, src_lengths):
+        from tformer.data.vocab import Vocab
+
+        enc = self.model.encode(src, src_lengths)
+        cache = self.model.init_cache(enc)
+        bos = torch.full((src.shape[0],), Vocab.bos, dtype=torch.long, device=src.device)
+        logits, cache = self.model.decode_step(bos, cache)
+        n = len(self.model.decoder_layers)
+        stack = lambda key: torch.stack([cache[key.format(i)] for i in range(n)])  # noqa: E731
+        return (torch.log_softmax(logits, -1), cache["src_mask"], stack("{}.cross.k"), stack("{}.cross.v"),
+                stack("hyp.{}.self.k"), stack("hyp.{}.self.v"))
+
+
+class OnnxStep(torch.nn.Module):
+    """One decoding step: tokens (N,) at position t = the cache length, src_mask (N, S), cross keys/values
+    (L, N, H, S, Dh), self cache (L, N, H, t, Dh) -> log-probabilities (N, V) and the cache with position t
+    (L, N, H, t+1, Dh). One row per hypothesis: for a beam, repeat a sentence's rows."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, src_mask, cross_k, cross_v, self_k, self_v):
+        n = len(self.model.decoder_layers)
+        cache = {"src_mask": src_mask}
+        for i in range(n):
+            cache[f"{i}.cross.k"], cache[f"{i}.cross.v"] = cross_k[i], cross_v[i]
+            cache[f"hyp.{i}.self.k"], cache[f"hyp.{i}.self.v"] = self_k[i], self_v[i]
+        logits, new = self.model.decode_step(tokens, cache)
+        return (torch.log_softmax(logits, -1), torch.stack([new[f"hyp.{i}.self.k"] for i in range(n)]),
+                torch.stack([new[f"hyp.{i}.self.v"] for i in range(n)]))
+
+
+def export_onnx(checkpoint: str | Path, out: str | Path, which: str = "best") -> tuple[Path, Path]:
+    """Write OUT/encoder.onnx and OUT/step.onnx (dynamic batch, source and cache lengths) plus the
+    vocabularies; returns the two model paths."""
+    import dataclasses
+
+    from tformer.inference import load_model
+    from tformer.train.checkpoint import save_tokenizers
+
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        raise ValueError("ONNX export needs onnx and onnxscript: pip install onnx onnxscript") from None
+    ckpt, model = load_model(str(checkpoint), which=which)
+    cfg = ckpt.cfg.model
+    check_exportable(cfg)
+    if cfg.attention == "graph":  # the same weights run on the padded kernels
+        model = type(model)(dataclasses.replace(cfg, attention="sdpa"), *(len(t.vocab) for t in ckpt.tokenizers))
+        ckpt.load_model_state(model)
+        model.eval()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    L, H, Dh = len(model.decoder_layers), cfg.n_heads, cfg.d_model // cfg.n_heads
+    B, S, T = 2, 7, 3
+    src = torch.randint(4, 10, (B, S))
+    lengths = torch.tensor([S, S - 2])
+    batch, source, past = torch.export.Dim("batch"), torch.export.Dim("source"), torch.export.Dim("past")
+    enc_path, step_path = out / "encoder.onnx", out / "step.onnx"
+    with torch.inference_mode():
+        torch.onnx.export(OnnxEncoder(model).eval(), (src, lengths), str(enc_path), dynamo=True,
+                          input_names=["src", "src_lengths"],
+                          output_names=["log_probs", "src_mask", "cross_k", "cross_v", "self_k", "self_v"],
+                          dynamic_shapes=({0: batch, 1: source}, {0: batch}))
+        step_args = (torch.randint(4, 10, (B,)), torch.ones(B, S, dtype=torch.bool), torch.randn(L, B, H, S, Dh),
+                     torch.randn(L, B, H, S, Dh), torch.randn(L, B, H, T, Dh), torch.randn(L, B, H, T, Dh))
+        torch.onnx.export(OnnxStep(model).eval(), step_args, str(step_path), dynamo=True,
+                          input_names=["tokens", "src_mask", "cross_k", "cross_v", "self_k", "self_v"],
+                          output_names=["log_probs", "new_self_k", "new_self_v"],
+                          dynamic_shapes=({0: batch}, {0: batch, 1: source}, {1: batch, 3: source},
+                                          {1: batch, 3: source}, {1: batch, 3: past}, {1: batch, 3: past}))
+    save_tokenizers(ckpt.tokenizers, out)
+    return enc_path, step_path
+
+
+def onnx_greedy(folder: str | Path, sources: list[list[int]], max_len: int = 100) -> list[list[int]]:
+    """Greedy decoding with the exported graphs in onnxruntime (ids in, ids out; <pad> and <s> never
+    chosen, as in tformer's search): the reference use of the export, and its test."""
+    import onnxruntime as ort
+
+    folder = Path(folder)
+    enc = ort.InferenceSession(str(folder / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    step = ort.InferenceSession(str(folder / "step.onnx"), providers=["CPUExecutionProvider"])
+    out = []
+    for ids in sources:  # one sentence at a time: the simplest correct loop
+        src = np.array([ids + [2]], dtype=np.int64)
+        logp, mask, ck, cv, sk, sv = enc.run(None, {"src": src, "src_lengths": np.array([src.shape[1]])})
+        tokens: list[int] = []
+        for _ in range(max_len):
+            logp[:, :2] = -np.inf
+            tok = int(logp[0].argmax())
+            if tok == 2:
+                break
+            tokens.append(tok)
+            logp, sk, sv = step.run(None, {"tokens": np.array([tok], dtype=np.int64), "src_mask": mask,
+                                           "cross_k": ck, "cross_v": cv, "self_k": sk, "self_v": sv})
+        out.append(tokens)
+    return out
