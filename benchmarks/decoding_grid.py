@@ -13,9 +13,7 @@ Transformer: up to 4 ACT steps, halting biases at their initial value.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
-import statistics
 import sys
 import time
 import zlib

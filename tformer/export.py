@@ -50,7 +50,8 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def _converter_class():
-    ctranslate2 = _require_ctranslate2()
+    """TformerConverter, defined once ctranslate2 is known to be importable (it is an optional dependency)."""
+    _require_ctranslate2()
     from ctranslate2.converters.converter import Converter
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -83,7 +84,6 @@ def _converter_class():
             spec.register_target_vocabulary(list(tgt_tok.vocab.itos))
             return spec
 
-    del ctranslate2
     return TformerConverter
 
 
