@@ -7,6 +7,7 @@ import os
 import platform
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -14,6 +15,18 @@ import torch
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 SHARED_DATA = Path(os.environ.get("TFORMER_SHARED_DATA", HERE.parent.parent / "shared" / "data"))
+
+
+def gemm_ceiling(n: int = 1024, reps: int = 10) -> float:
+    """Measured fp32 GFLOP/s of torch.mm on n x n matrices (best of `reps`): the machine's matrix ceiling now."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        tic = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - tic)
+    return 2 * n ** 3 / best / 1e9
 
 
 def machine() -> str:

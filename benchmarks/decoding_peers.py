@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHARED_DATA, append_results  # noqa: E402
+from common import SHARED_DATA, append_results, gemm_ceiling  # noqa: E402
 
 from tformer.config import DecodeConfig  # noqa: E402
 from tformer.data.corpus import normalize  # noqa: E402
@@ -37,18 +37,6 @@ from tformer.inference import load_model, translate_ids  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
 from tformer.model import build_model  # noqa: E402
 from tformer.viz.attention import token_labels  # noqa: E402
-
-
-def gemm_ceiling(n: int = 1024, reps: int = 10) -> float:
-    """Measured fp32 GFLOP/s of torch.mm on n x n matrices (best of `reps`)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        tic = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - tic)
-    return 2 * n ** 3 / best / 1e9
 
 
 def decoder_flops_per_token(cfg, vocab: int, src_len: float, tgt_len: float) -> float:
@@ -71,7 +59,6 @@ def main() -> None:
     ap.add_argument("--engines", nargs="+", default=["tformer", "ct2-fp32", "ct2-int8", "hf"])
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     threads = torch.get_num_threads()
 
     ckpt, model = load_model(args.checkpoint)
@@ -123,7 +110,7 @@ def main() -> None:
                                                       min_decoding_length=0)
             stoi = tgt_tok.vocab.stoi
             return [[stoi.get(t, 3) for t in r.hypotheses[0]] for r in res]
-        out = []  # hf: batches in length order, as the others do
+        # hf: batches in length order, as the others do
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         result: dict[int, list[int]] = {}
         for start in range(0, len(order), args.batch_size):
@@ -137,8 +124,7 @@ def main() -> None:
                 row = row[1:]
                 row = row[: row.index(2)] if 2 in row else row
                 result[i] = [t for t in row if t != 0]
-        out = [result[i] for i in range(len(ids))]
-        return out
+        return [result[i] for i in range(len(ids))]
 
     full = ids, pieces
     ids, pieces = full[0][: args.batch_size], full[1][: args.batch_size]

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHARED_DATA, append_results  # noqa: E402
+from common import SHARED_DATA, append_results, gemm_ceiling  # noqa: E402
 
 from tformer.config import ModelConfig  # noqa: E402
 from tformer.data import Vocab, collate, model_lengths, token_budget_batches  # noqa: E402
@@ -42,17 +42,6 @@ from tformer.train.loop import train_step_loss  # noqa: E402
 V = 8000
 SIZES = {"small": (256, 4, 3, 1024), "base": (512, 8, 6, 2048)}  # d, heads, layers per side, FFN
 D, H, LAYERS, FF = SIZES["small"]
-
-
-def gemm_ceiling(n: int = 1024, reps: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        tic = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - tic)
-    return 2 * n ** 3 / best / 1e9
 
 
 def training_flops(b) -> float:

@@ -242,29 +242,35 @@ def plot_attention(maps: AttentionMaps, kind: str, layer: int, head: int, path: 
     return fig
 
 
-def plot_head_grid(maps: AttentionMaps, kind: str, layer: int, path: str | Path | None = None, cols: int = 4):
-    """Every head of one layer, side by side (tokens on the left column and bottom row)."""
-    queries, keys = maps.labels(kind)
-    w = maps.get(kind, layer)  # (H, Lq, Lk)
+def head_grid(w: np.ndarray, queries: list[str], keys: list[str], cols: int = 4):
+    """A figure with one labelled heatmap per head of w (H, Lq, Lk): token labels on the left column and the
+    bottom row. Returns (figure, axes grid, one image per head)."""
     H = w.shape[0]
     cols = min(cols, H)
     rows = -(-H // cols)
     cell_w, cell_h = 0.9 + 0.2 * len(keys), 0.7 + 0.2 * len(queries)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * cell_w + 1.2, rows * cell_h + 0.9), squeeze=False)
-    im = None
+    images = []
     for h in range(rows * cols):
         ax = axes[h // cols][h % cols]
         if h >= H:
             ax.axis("off")
             continue
-        im = _heatmap(ax, w[h], queries, keys, f"head {h}", labels=True)
+        images.append(_heatmap(ax, w[h], queries, keys, f"head {h}"))
         if h % cols:
             ax.set_yticks([])
-        if h // cols != rows - 1 and h + cols < H:
+        if h + cols < H:  # a head below this one carries the key labels
             ax.set_xticks([])
+    return fig, axes, images
+
+
+def plot_head_grid(maps: AttentionMaps, kind: str, layer: int, path: str | Path | None = None, cols: int = 4):
+    """Every head of one layer, side by side."""
+    queries, keys = maps.labels(kind)
+    fig, axes, images = head_grid(maps.get(kind, layer), queries, keys, cols)
     fig.suptitle(f"{KIND_TITLES[kind]}, {maps.layer_name} {layer}", fontsize=10)
     fig.tight_layout()
-    fig.colorbar(im, ax=axes, shrink=0.6)
+    fig.colorbar(images[-1], ax=axes, shrink=0.6)
     if path is not None:
         save_figure(fig, path)
     return fig

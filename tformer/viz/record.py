@@ -35,7 +35,8 @@ from PIL import Image  # noqa: E402
 from safetensors import SafetensorError, safe_open  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
-from tformer.viz.attention import KIND_TITLES, KINDS, AttentionMaps, _heatmap, attention_maps, token_labels  # noqa: E402
+from tformer.viz.attention import (KIND_TITLES, KINDS, AttentionMaps, _heatmap, attention_maps,  # noqa: E402
+                                   head_grid, token_labels)
 
 FOLDER = "attention"
 STEP_FILE = re.compile(r"^step_(\d+)\.safetensors$")
@@ -199,20 +200,7 @@ def animate_head_grid(rec: Recording, example: int, kind: str, layer: int, path:
     frames = _frame_maps(rec, example)
     first = frames[0]
     queries, keys = first.labels(kind)
-    H = first.heads()
-    cols = min(cols, H)
-    rows = -(-H // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * (0.9 + 0.2 * len(keys)) + 1.0,
-                                                  rows * (0.7 + 0.2 * len(queries)) + 1.0), squeeze=False)
-    images = []
-    for h in range(rows * cols):
-        ax = axes[h // cols][h % cols]
-        if h >= H:
-            ax.axis("off")
-            continue
-        images.append(_heatmap(ax, _layers_at(first, kind, layer)[h], queries, keys, f"head {h}"))
-        if h % cols:
-            ax.set_yticks([])
+    fig, _, images = head_grid(_layers_at(first, kind, layer), queries, keys, cols)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
 
     def update(i: int):
