@@ -213,17 +213,25 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-r
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+def _open(p, url, errors=None, **page_options):
+    """Chromium on the explorer at `url`, once its model information has arrived: (browser, page). Page
+    errors from the first load on are appended to `errors`."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    page = browser.new_page(**page_options)
+    if errors is not None:
+        page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url + "/")
+    page.wait_for_function("document.querySelector('#model-info').textContent.includes('heads')")
+    return browser, page
+
+
 def test_page_in_a_real_browser_translates_and_switches_heads(server):
     sync_playwright = _browser()
     explorer, url = server
     errors = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        browser, page = _open(p, url, errors, viewport={"width": 1400, "height": 900})
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(url + "/")
-            page.wait_for_function("document.querySelector('#model-info').textContent.includes('heads')")
             page.fill("#text", "a b c d e f")
             page.fill("#beam", "4")
             page.fill("#nbest", "3")
@@ -265,11 +273,8 @@ def test_page_shows_universal_transformer_steps(ut_run):
     try:
         want = explorer.translate({"text": "b c a", "beam": 2, "nbest": 1})["hypotheses"][0]
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            browser, page = _open(p, f"http://127.0.0.1:{httpd.server_port}")
             try:
-                page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{httpd.server_port}/")
-                page.wait_for_function("document.querySelector('#model-info').textContent.includes('heads')")
                 page.fill("#text", "b c a")
                 page.fill("#beam", "2")
                 page.fill("#nbest", "1")

@@ -73,6 +73,9 @@ class Explorer:
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tformer-model")
         self.name = str(checkpoint)
         self.examples = self._examples()
+        d = cfg.decode
+        self.defaults = {"beam": min(d.beam_size, limits.max_beam),
+                         "nbest": min(max(d.nbest, 3), d.beam_size, limits.max_nbest)}
 
     def _examples(self) -> list[str]:
         """A few validation sources to try (when the data is at hand), else none."""
@@ -90,14 +93,12 @@ class Explorer:
         universal = m.kind == "universal"
         layers = ({"encoder": m.max_steps, "decoder": m.max_steps, "cross": m.max_steps} if universal else
                   {"encoder": m.encoder_layers, "decoder": m.decoder_layers, "cross": m.decoder_layers})
-        d = self.cfg.decode
         return {"checkpoint": self.name, "step": self.ckpt.trainer.get("step"), "task": self.cfg.data.task,
                 "languages": [self.cfg.data.src_lang, self.cfg.data.tgt_lang],
                 "model": {"kind": m.kind, "layers": layers, "heads": m.n_heads, "d_model": m.d_model,
                           "layer_name": "step" if universal else "layer", "attention": m.attention,
                           "positions": m.positions, "norm": m.norm},
-                "defaults": {"beam": min(d.beam_size, self.limits.max_beam),
-                             "nbest": min(max(d.nbest, 3), d.beam_size, self.limits.max_nbest)},
+                "defaults": self.defaults,
                 "limits": dataclasses.asdict(self.limits), "examples": self.examples}
 
     def _parse(self, request: Any) -> tuple[str, int, int, str | None]:
@@ -116,8 +117,7 @@ class Explorer:
         if len(text) > self.limits.max_chars:
             raise RequestError(f"the sentence has {len(text)} characters; the limit is {self.limits.max_chars} "
                                "(start the explorer with a larger --max-chars to change it)")
-        info = self.info()["defaults"]
-        beam, nbest = request.get("beam", info["beam"]), request.get("nbest", info["nbest"])
+        beam, nbest = request.get("beam", self.defaults["beam"]), request.get("nbest", self.defaults["nbest"])
         for name, value, top in (("beam", beam, self.limits.max_beam), ("nbest", nbest, self.limits.max_nbest)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise RequestError(f"'{name}' must be a whole number from 1 to {top}, got {value!r}")

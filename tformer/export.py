@@ -184,6 +184,17 @@ def to_hf_marian(model):
     D = cfg.d_model
     with torch.no_grad():
         m = hf.model
+
+        def copy(module: torch.nn.Module, name: str, rows: slice = slice(None)) -> None:
+            """module.weight/bias <- ours[name.weight/bias] (rows of a fused projection)."""
+            module.weight.copy_(ours[f"{name}.weight"][rows])
+            module.bias.copy_(ours[f"{name}.bias"][rows])
+
+        def attention(hf_attn, name: str) -> None:  # our fused (3D, D) in_proj -> q, k, v
+            for j, proj in enumerate((hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj)):
+                copy(proj, f"{name}.in_proj", slice(j * D, (j + 1) * D))
+            copy(hf_attn.out_proj, f"{name}.out_proj")
+
         m.encoder.embed_tokens.weight.copy_(ours["src_embed.tokens.weight"])
         m.decoder.embed_tokens.weight.copy_(ours["tgt_embed.tokens.weight"])
         for side, hf_side in (("encoder", m.encoder), ("decoder", m.decoder)):
@@ -191,31 +202,14 @@ def to_hf_marian(model):
                 : hf_side.embed_positions.weight.shape[0]])
             for i, layer in enumerate(hf_side.layers):
                 p = f"{side}_layers.{i}"
-                own = "res_attn" if side == "encoder" else "res_self"
-                w, b = ours[f"{p}.self_attn.in_proj.weight"], ours[f"{p}.self_attn.in_proj.bias"]
-                for j, proj in enumerate((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)):
-                    proj.weight.copy_(w[j * D : (j + 1) * D])
-                    proj.bias.copy_(b[j * D : (j + 1) * D])
-                layer.self_attn.out_proj.weight.copy_(ours[f"{p}.self_attn.out_proj.weight"])
-                layer.self_attn.out_proj.bias.copy_(ours[f"{p}.self_attn.out_proj.bias"])
-                layer.self_attn_layer_norm.weight.copy_(ours[f"{p}.{own}.norm.weight"])
-                layer.self_attn_layer_norm.bias.copy_(ours[f"{p}.{own}.norm.bias"])
+                attention(layer.self_attn, f"{p}.self_attn")
+                copy(layer.self_attn_layer_norm, f"{p}.{'res_attn' if side == 'encoder' else 'res_self'}.norm")
                 if side == "decoder":
-                    w, b = ours[f"{p}.cross_attn.in_proj.weight"], ours[f"{p}.cross_attn.in_proj.bias"]
-                    a = layer.encoder_attn
-                    for j, proj in enumerate((a.q_proj, a.k_proj, a.v_proj)):
-                        proj.weight.copy_(w[j * D : (j + 1) * D])
-                        proj.bias.copy_(b[j * D : (j + 1) * D])
-                    a.out_proj.weight.copy_(ours[f"{p}.cross_attn.out_proj.weight"])
-                    a.out_proj.bias.copy_(ours[f"{p}.cross_attn.out_proj.bias"])
-                    layer.encoder_attn_layer_norm.weight.copy_(ours[f"{p}.res_cross.norm.weight"])
-                    layer.encoder_attn_layer_norm.bias.copy_(ours[f"{p}.res_cross.norm.bias"])
-                layer.fc1.weight.copy_(ours[f"{p}.ffn.linear1.weight"])
-                layer.fc1.bias.copy_(ours[f"{p}.ffn.linear1.bias"])
-                layer.fc2.weight.copy_(ours[f"{p}.ffn.linear2.weight"])
-                layer.fc2.bias.copy_(ours[f"{p}.ffn.linear2.bias"])
-                layer.final_layer_norm.weight.copy_(ours[f"{p}.res_ffn.norm.weight"])
-                layer.final_layer_norm.bias.copy_(ours[f"{p}.res_ffn.norm.bias"])
+                    attention(layer.encoder_attn, f"{p}.cross_attn")
+                    copy(layer.encoder_attn_layer_norm, f"{p}.res_cross.norm")
+                copy(layer.fc1, f"{p}.ffn.linear1")
+                copy(layer.fc2, f"{p}.ffn.linear2")
+                copy(layer.final_layer_norm, f"{p}.res_ffn.norm")
         if hf.lm_head.weight.data_ptr() != m.decoder.embed_tokens.weight.data_ptr():
             hf.lm_head.weight.copy_(ours["generator.weight"])
         hf.final_logits_bias.copy_(ours["generator.bias"][None])
