@@ -51,10 +51,11 @@ def test_cross_attention_and_weights_match_torch():
     assert torch.all(a.weights[1, :, :, 3:] == 0)  # padded keys get no weight
 
 
-def test_dense_and_sdpa_agree_with_mask_and_bias():
-    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 8)
+@pytest.mark.parametrize("n_queries", [1, 5, 12])  # below and above SDPA_CPU_MIN_QUERIES
+def test_dense_and_sdpa_agree_with_mask_and_bias(n_queries):
+    q, k, v = torch.randn(2, 4, n_queries, 8), torch.randn(2, 4, 9, 8), torch.randn(2, 4, 9, 8)
     mask = padding_mask(torch.tensor([9, 6]), 9)[:, None, None, :]
-    bias = torch.randn(1, 4, 5, 9)
+    bias = torch.randn(1, 4, n_queries, 9)
     for kwargs in ({}, {"mask": mask}, {"bias": bias}, {"mask": mask, "bias": bias}, {"scale": 0.1}):
         want, _ = dense_attention(q, k, v, **kwargs)
         got, _ = sdpa_attention(q, k, v, **kwargs)

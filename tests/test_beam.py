@@ -203,6 +203,32 @@ def test_cached_batched_beam_equals_uncached_reference(K, alpha):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_exact_early_stop_for_the_nbest_changes_nothing_but_the_work(alpha):
+    """With nbest = 1 a sentence may stop as soon as no live hypothesis can still beat its best finished one;
+    with nbest = K only the K-finished rule applies (the bound then never ends a sentence earlier for
+    alpha = 0). The best hypothesis must be the same; the work, for alpha = 0, smaller."""
+    model, sources = _model(), _sources(12, seed=3)
+    work = []
+    real_step = model.decode_step
+
+    def counting(tokens, cache):
+        work[-1] += tokens.shape[0]
+        return real_step(tokens, cache)
+
+    model.decode_step = counting
+    got = {}
+    for nbest in (1, 4):
+        work.append(0)
+        cfg = DecodeConfig(strategy="beam", beam_size=4, nbest=nbest, len_penalty=alpha, max_len_a=1.5, max_len_b=5)
+        got[nbest] = translate_ids(model, sources, cfg)
+    del model.decode_step
+    assert [h[0] for h in got[1].tokens] == [h[0] for h in got[4].tokens]
+    assert [s[0] for s in got[1].scores] == pytest.approx([s[0] for s in got[4].scores])
+    assert work[0] <= work[1] and (alpha or work[0] < work[1])
+
+
+@torch.no_grad()
 def test_beam_scores_equal_teacher_forced_rescoring_and_memory_is_not_copied():
     model, sources = _model(), _sources(4, seed=8)
     rows_seen = []
@@ -216,7 +242,10 @@ def test_beam_scores_equal_teacher_forced_rescoring_and_memory_is_not_copied():
     cfg = DecodeConfig(strategy="beam", beam_size=4, nbest=4, len_penalty=1.0, max_len_a=1.0, max_len_b=3)
     got = translate_ids(model, sources, cfg)
     del model.decode_step
-    assert all(n == 4 * b for n, b in rows_seen)  # 4 hypotheses per row of encoder keys/values
+    # the first step runs one hypothesis per sentence (all 4 beams would be <s>), then 4 per row of encoder
+    # keys/values, which are never repeated per beam
+    assert rows_seen[0] == (len(sources), len(sources))  # one batch
+    assert all(n == 4 * b for n, b in rows_seen[1:])
     for s, hyps, scores in zip(sources, got.tokens, got.scores):
         for toks, score in zip(hyps, scores):
             src = torch.tensor([s + [EOS]])

@@ -50,6 +50,13 @@ def dense_attention(
     return out, (weights if need_weights else None)
 
 
+# A decoding step's self-attention has 1 query per hypothesis and no mask: on a CPU, unmasked attention with
+# fewer queries than this runs faster through the dense kernel's two matmuls than through SDPA's flash kernel
+# (up to 1.8x for 320 hypotheses x 16 keys); with a padding mask, or from here on, SDPA is as fast or faster
+# (benchmarks/attention_kernels.py).
+SDPA_CPU_MIN_QUERIES = 9
+
+
 def sdpa_attention(
     q: Tensor,
     k: Tensor,
@@ -61,10 +68,12 @@ def sdpa_attention(
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
-    if need_weights or (dropout_p > 0 and q.device.type == "cpu"):
+    cpu = q.device.type == "cpu"
+    few = cpu and mask is None and q.shape[-2] < SDPA_CPU_MIN_QUERIES  # a decoding step's self-attention
+    if need_weights or (dropout_p > 0 and cpu) or few:
         # weights exist only in the dense kernel; with dropout on a CPU, torch 2.13 picks SDPA's MATH
         # backend (torch._fused_sdp_choice == SDPBackend.MATH): the dense kernel's computation, but with
-        # torch's slower dropout mask
+        # torch's slower dropout mask; and a decoding step's few queries run faster as two matmuls
         return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights)
     attn_mask = mask
     if bias is not None:

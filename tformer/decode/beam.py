@@ -32,51 +32,63 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
     device = max_len.device
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # (normalised score, tokens)
     sent = torch.arange(B, device=device)  # original index of each live sentence (L live)
-    prev = torch.full((B * K,), bos, dtype=torch.long, device=device)  # (L*K,)
-    scores = torch.zeros((B, K), device=device)  # (L, K) summed log-probabilities
-    scores[:, 1:] = float("-inf")  # all beams start identical: let only the first one expand
-    history = torch.empty((B * K, 0), dtype=torch.long, device=device)  # (L*K, t)
+    # k hypotheses per live sentence: 1 at the first step (all K beams would start identical, so only one is
+    # computed), then K (fewer only while K exceeds the candidates a tiny vocabulary offers)
+    prev = torch.full((B,), bos, dtype=torch.long, device=device)  # (L*k,)
+    scores = torch.zeros((B, 1), device=device)  # (L, k) summed log-probabilities
+    history = torch.empty((B, 0), dtype=torch.long, device=device)  # (L*k, t)
     ranks = torch.arange(2 * K, device=device)
     t = 0
     while sent.numel():
-        L = sent.numel()
-        logits, cache = step(prev, cache)  # (L*K, V)
+        L, k = scores.shape
+        logits, cache = step(prev, cache)  # (L*k, V)
         logp = forbid(torch.log_softmax(logits.float(), dim=-1), history, t, eos, min_len, no_repeat_ngram)
         V = logp.shape[-1]
         t += 1
-        cand = (scores.reshape(L * K, 1) + logp).reshape(L, K * V)
-        top_scores, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (L, 2K), best first
+        cand = (scores.reshape(L * k, 1) + logp).reshape(L, k * V)
+        top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (L, 2K), best first
         top_beam, top_tok = top_idx // V, top_idx % V
         is_eos = top_tok == eos
         # set aside the hypotheses ending here: </s> within the top K ranks
         ended = is_eos & (ranks[: top_tok.shape[1]] < K) & torch.isfinite(top_scores)
         for l, r in ended.nonzero().tolist():
-            toks = history[l * K + int(top_beam[l, r])].tolist()
+            toks = history[l * k + int(top_beam[l, r])].tolist()
             finished[int(sent[l])].append((float(top_scores[l, r]) / length_penalty(t, alpha), toks))
         # go on with the K best candidates that did not end (a stable sort keeps their rank order)
-        pick = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :K]  # (L, K)
+        # (K' = K, unless a tiny vocabulary offers fewer than 2K candidates: at most k of them end in </s>)
+        n_next = min(K, top_tok.shape[1] - k)
+        pick = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :n_next]  # (L, K')
         next_scores = top_scores.gather(1, pick)
         next_beam = top_beam.gather(1, pick)
         next_tok = top_tok.gather(1, pick)
-        rows = (torch.arange(L, device=device)[:, None] * K + next_beam).reshape(-1)  # (L*K,) parent rows
+        rows = (torch.arange(L, device=device)[:, None] * k + next_beam).reshape(-1)  # (L*K',) parent rows
+        k = n_next
         history = torch.cat([history.index_select(0, rows), next_tok.reshape(-1, 1)], dim=1)
         last = t >= max_len.index_select(0, sent)  # (L,) the length limit: what is alive ends here
         for l in last.nonzero()[:, 0].tolist():
-            for k in range(K):
-                if torch.isfinite(next_scores[l, k]):
-                    finished[int(sent[l])].append((float(next_scores[l, k]) / length_penalty(t, alpha),
-                                                   history[l * K + k].tolist()))
-        # done: at the limit, or K finished and none alive ranks above the K-th finished any more
-        alive_best = (next_scores[:, 0] / length_penalty(t, alpha)).tolist()  # (L,) best alive, normalised
+            for j in range(k):
+                if torch.isfinite(next_scores[l, j]):
+                    finished[int(sent[l])].append((float(next_scores[l, j]) / length_penalty(t, alpha),
+                                                   history[l * k + j].tolist()))
+        # done: at the limit; or K finished and none alive ranks above the K-th finished any more (Hugging
+        # Face's rule, a heuristic when alpha > 0); or, exactly, no live hypothesis can still reach the
+        # `nbest` best finished: scores only fall, so a live raw score s < 0 ends at best at s / lp, lp the
+        # largest length penalty among the lengths it can still end at (t+1 .. its limit)
+        alive_best = next_scores[:, 0].tolist()  # (L,) best live raw score
+        limits = max_len.index_select(0, sent).tolist()
         done = last.clone()
         for l, i in enumerate(sent.tolist()):
-            if len(finished[i]) >= K and alive_best[l] <= sorted(h[0] for h in finished[i])[-K]:
+            ranked = sorted((h[0] for h in finished[i]), reverse=True)
+            reach = alive_best[l] / max(length_penalty(t + 1, alpha), length_penalty(limits[l], alpha))
+            if len(ranked) >= K and alive_best[l] / length_penalty(t, alpha) <= ranked[K - 1]:
+                done[l] = True
+            elif len(ranked) >= nbest and reach <= ranked[nbest - 1]:
                 done[l] = True
         if done.all():
             break
         if done.any():
             keep = (~done).nonzero()[:, 0]  # (L',)
-            keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).reshape(-1)  # (L'*K,)
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)  # (L'*K',)
             sent, next_scores, next_tok = sent[keep], next_scores[keep], next_tok[keep]
             history = history.index_select(0, keep_rows)
             cache = select_hyps(cache, rows.index_select(0, keep_rows), keep)
