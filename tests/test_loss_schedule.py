@@ -79,3 +79,42 @@ def test_loss_passes_gradcheck():
     logits = torch.randn(5, 7, dtype=torch.double, requires_grad=True)
     target = torch.tensor([1, 2, 0, 6, 4])
     assert torch.autograd.gradcheck(lambda x: label_smoothed_nll_loss(x, target, 0.2, PAD).loss, (logits,))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_chunked_generator_loss_equals_the_explicit_formula_and_its_autograd(monkeypatch, eps, bias):
+    """Oracle: logits = hidden W^T + b built whole, the smoothed loss from the explicit distribution, autograd
+    for the gradients of hidden, W and b. Chunks of 4 rows over 11 positions (a partial last chunk), padding
+    targets inside chunks, float64 so that the comparison is tight."""
+    import tformer.train.loss as loss_mod
+
+    monkeypatch.setattr(loss_mod, "CHUNK_ROWS", 4)
+    torch.manual_seed(0)
+    V, D = 9, 5
+    gen = torch.nn.Linear(D, V, bias=bias).double()
+    hidden = torch.randn(11, D, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([3, 0, 5, 8, 1, 2, 0, 4, 4, 7, 6])
+    got = loss_mod.generator_loss(hidden, gen, target, eps, PAD)
+    (2.5 * got.loss).backward()  # a non-unit upstream gradient
+    mine = [hidden.grad.clone(), gen.weight.grad.clone()] + ([gen.bias.grad.clone()] if bias else [])
+    hidden.grad = None
+    gen.zero_grad()
+
+    logits = gen(hidden)
+    lp = torch.log_softmax(logits, -1)
+    real = target != PAD
+    want_loss = -(smoothed_targets(target, V, eps, PAD).double() * lp).sum()
+    want_nll = -lp[real].gather(1, target[real][:, None]).sum()
+    (2.5 * want_loss).backward()
+    torch.testing.assert_close(got.loss, want_loss)
+    torch.testing.assert_close(got.nll, want_nll)
+    assert int(got.n_tokens) == 9
+    assert int(got.correct) == int(((logits.argmax(-1) == target) & real).sum())
+    want = [hidden.grad, gen.weight.grad] + ([gen.bias.grad] if bias else [])
+    for a, b in zip(mine, want):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():  # evaluation builds the logits whole: same numbers
+        plain = loss_mod.generator_loss(hidden, gen, target, eps, PAD)
+    torch.testing.assert_close(plain.loss, want_loss)
+    assert int(plain.correct) == int(got.correct)

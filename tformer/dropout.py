@@ -29,7 +29,12 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_(-(2**31), 2**31)  # 32 uniform bits each
     r = bits.view(torch.int16)[:n].view(x.shape)  # uniform in [-32768, 32767]
     keep = r >= k - _LEVELS // 2  # P(keep) = (65536 - k) / 65536
-    return x * keep * (_LEVELS / (_LEVELS - k))
+    scale = _LEVELS / (_LEVELS - k)
+    if x.dtype not in (torch.float32, torch.float64):  # a 16-bit mask would round the scale
+        return x * keep * scale
+    # one float mask, 0 or the scale: the product saves only it for the backward pass (x * keep * scale
+    # converts the mask and multiplies twice, forward and backward: 1.9x slower measured on FFN shapes)
+    return x * keep.to(x.dtype).mul_(scale)
 
 
 class Dropout(nn.Module):

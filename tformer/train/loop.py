@@ -25,13 +25,12 @@ from tqdm.auto import tqdm
 from tformer.config import SPEECH_TASKS, Config, TrainConfig, save_config
 from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_budget_batches
 from tformer.evaluation import evaluate
-from tformer.metrics import token_accuracy
 from tformer.model import Transformer, build_model
 from tformer.train import distributed
 from tformer.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_tokenizers,
                                       save_checkpoint, save_tokenizers)
 from tformer.train.distributed import Context, all_reduce_update
-from tformer.train.loss import label_smoothed_nll_loss
+from tformer.train.loss import generator_loss
 from tformer.train.schedule import learning_rate
 
 log = logging.getLogger("tformer")
@@ -94,9 +93,8 @@ def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float 
     hidden = output.real()  # (N, D)
     real = batch.tgt_out != Vocab.pad  # (B, T)
     target = batch.tgt_out[real]  # (N,)
-    logits = model.generator(hidden)  # (N, V)
-    out = label_smoothed_nll_loss(logits, target, eps, Vocab.pad)
-    correct, _ = token_accuracy(logits.detach(), target, Vocab.pad)
+    out = generator_loss(hidden, model.generator, target, eps, Vocab.pad)  # logits (N, V) in row chunks
+    correct = int(out.correct)
     if output.ponder is None:
         return StepLoss(out.loss, out.nll, correct)
     cost = sum(p.cost for p in output.ponder)

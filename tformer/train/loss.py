@@ -76,3 +76,85 @@ def label_smoothed_nll_loss(logits: Tensor, target: Tensor, eps: float, pad: int
     real = target != pad  # (N,)
     zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
     return LossOutput(torch.where(real, loss, zero).sum(), torch.where(real, nll, zero).sum(), real.sum())
+
+
+class GeneratorLoss(NamedTuple):
+    loss: Tensor  # summed label-smoothed loss over real positions (differentiable)
+    nll: Tensor  # summed negative log-likelihood of the true classes
+    n_tokens: Tensor  # real (non-pad) positions
+    correct: Tensor  # real positions whose most probable class is the true one
+
+
+# Rows of the (N, V) logits handled at a time by generator_loss: small enough that a chunk's logits stay in
+# the CPU's cache between the passes over them, large enough for efficient matrix multiplies.
+CHUNK_ROWS = 512
+
+
+class _ChunkedGeneratorLoss(torch.autograd.Function):
+    """The generator (hidden W^T + b) and the label-smoothed loss, `CHUNK_ROWS` rows at a time, gradients
+    computed in the forward pass: d loss / d logits = softmax - q per chunk, then d hidden = g W,
+    d W += g^T hidden, d b += sum g. The (N, V) logits, log-probabilities and their gradient never exist
+    whole (the generator and its loss are a large share of a small model's step)."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, eps: float, pad: int):
+        N, V = hidden.shape[0], weight.shape[0]
+        other = eps / (V - 2)  # q on a class that is neither the target nor <pad>
+        g_hidden, g_weight = hidden.new_empty(hidden.shape), torch.zeros_like(weight)
+        g_bias = None if bias is None else torch.zeros_like(bias)
+        loss = hidden.new_zeros(())
+        nll = hidden.new_zeros(())
+        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        for s in range(0, N, CHUNK_ROWS):
+            h, t = hidden[s : s + CHUNK_ROWS], target[s : s + CHUNK_ROWS]  # (c, D), (c,)
+            real = t != pad  # (c,)
+            z = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()  # (c, V) logits
+            lse = torch.logsumexp(z, dim=-1)  # (c,)
+            row_nll = lse - z.gather(1, t[:, None])[:, 0]  # (c,)
+            row_loss = row_nll
+            if eps > 0:  # -sum of log p over the classes != <pad>, then the smoothed mix
+                all_but_pad = (V - 1) * lse - z.sum(dim=-1) + z[:, pad]
+                row_loss = (1.0 - eps) * row_nll + other * (all_but_pad - row_nll)
+            loss += row_loss[real].sum()
+            nll += row_nll[real].sum()
+            correct += (z.argmax(dim=-1) == t)[real].sum()
+            g = z.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            g.sub_(other)  # softmax - q: other everywhere ...
+            g[:, pad] += other  # ... 0 on <pad> ...
+            g.scatter_add_(1, t[:, None], g.new_full((t.shape[0], 1), -(1.0 - eps - other)))  # ... 1 - eps on t
+            if not bool(real.all()):
+                g[~real] = 0.0  # padding positions contribute nothing
+            torch.mm(g, weight, out=g_hidden[s : s + CHUNK_ROWS])
+            g_weight.addmm_(g.t(), h)
+            if g_bias is not None:
+                g_bias += g.sum(dim=0)
+        ctx.save_for_backward(g_hidden, g_weight, g_bias)
+        ctx.mark_non_differentiable(nll, correct)
+        return loss, nll, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll, _grad_correct):
+        g_hidden, g_weight, g_bias = ctx.saved_tensors
+        return (g_hidden * grad_loss, g_weight * grad_loss, None if g_bias is None else g_bias * grad_loss,
+                None, None, None)
+
+
+def generator_loss(hidden: Tensor, generator: torch.nn.Linear, target: Tensor, eps: float, pad: int
+                   ) -> GeneratorLoss:
+    """hidden (N, D), target (N,) -> the summed label-smoothed loss of `generator(hidden)`, the summed nll, the
+    real positions and the correct predictions: what `label_smoothed_nll_loss` and `token_accuracy` give on
+    the logits. With gradients on float32/float64 tensors and no autocast, the chunked computation above;
+    otherwise (evaluation, mixed precision) the logits are built whole."""
+    V = generator.weight.shape[0]
+    if V <= 2:
+        raise ValueError(f"label smoothing needs a vocabulary of more than 2 entries, got {V}")
+    real = target != pad
+    chunked = (torch.is_grad_enabled() and hidden.dtype == generator.weight.dtype in (torch.float32, torch.float64)
+               and not torch.is_autocast_enabled(hidden.device.type))
+    if chunked:
+        loss, nll, correct = _ChunkedGeneratorLoss.apply(hidden, generator.weight, generator.bias, target, eps, pad)
+        return GeneratorLoss(loss, nll, real.sum(), correct)
+    logits = generator(hidden)  # (N, V)
+    out = label_smoothed_nll_loss(logits, target, eps, pad)
+    correct = ((logits.detach().argmax(dim=-1) == target) & real).sum()
+    return GeneratorLoss(out.loss, out.nll, out.n_tokens, correct)
