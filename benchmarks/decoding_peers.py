@@ -7,8 +7,8 @@ MarianMT `generate` with our weights copied in. Multi30k test2016 sources, batch
 compared with tformer's, sentence by sentence, and scored with sacreBLEU.
 --random: a random post-norm Marian-size model (d=256, 3+3 layers, 4 heads, FFN 1024, the checkpoint's
 vocabulary) that every peer can run; random weights decode to the length limit, so this measures the
-machinery on long outputs. Each (engine, setting) runs `--rounds` times, engines taking turns (the machine
-is shared and noisy); the table gives the median. Target tokens = generated tokens with </s>. The fp32
+machinery on long outputs. Each (engine, setting) runs `--rounds` times over the same length-sorted batches,
+the engines taking turns batch by batch (the machine is shared and noisy); the table gives the median. Target tokens = generated tokens with </s>. The fp32
 matrix-multiply ceiling is measured in the same run (torch.mm, 1024^3) and the decoder's FLOPs per target
 token (projections, FFN, generator and attention over the cache, counted per hypothesis) give the
 fraction of it that greedy decoding reaches.
@@ -99,7 +99,7 @@ def main() -> None:
     hf = to_hf_marian(model) if "hf" in engines else None
     pieces = [token_labels(src_tok, x) for x in ids]
 
-    def run(engine: str, beam: int) -> list[list[int]]:
+    def run(engine: str, beam: int, ids: list[list[int]], pieces: list[list[str]]) -> list[list[int]]:
         if engine == "tformer":
             decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
                                   max_len_a=0.0, max_len_b=max_len, batch_size=args.batch_size)
@@ -126,21 +126,30 @@ def main() -> None:
                 result[i] = [t for t in row if t != 0]
         return [result[i] for i in range(len(ids))]
 
-    full = ids, pieces
-    ids, pieces = full[0][: args.batch_size], full[1][: args.batch_size]
     for engine in engines:  # warm-up: first calls pay for lazy initialisation
         for beam in args.beams:
-            run(engine, beam)
-    ids, pieces = full
+            run(engine, beam, ids[: args.batch_size], pieces[: args.batch_size])
+    # every engine gets the same batches: the sentences sorted by length, cut into batch-size chunks, which
+    # the engines translate in turns, chunk by chunk (the shared machine's load changes by the second)
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    chunks = [order[i : i + args.batch_size] for i in range(0, len(order), args.batch_size)]
     ceiling = gemm_ceiling()
     times: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     for _ in range(args.rounds):
         for beam in args.beams:
+            spent = {engine: 0.0 for engine in engines}
             for engine in engines:
-                tic = time.perf_counter()
-                outputs[engine, beam] = run(engine, beam)
-                times.setdefault((engine, beam), []).append(time.perf_counter() - tic)
+                outputs[engine, beam] = [[] for _ in ids]
+            for chunk in chunks:
+                for engine in engines:
+                    tic = time.perf_counter()
+                    out = run(engine, beam, [ids[i] for i in chunk], [pieces[i] for i in chunk])
+                    spent[engine] += time.perf_counter() - tic
+                    for i, hyp in zip(chunk, out):
+                        outputs[engine, beam][i] = hyp
+            for engine in engines:
+                times.setdefault((engine, beam), []).append(spent[engine])
     ceiling = max(ceiling, gemm_ceiling())
 
     vocab = len(tgt_tok.vocab)

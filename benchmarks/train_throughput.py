@@ -3,12 +3,13 @@
     python benchmarks/train_throughput.py [--size small|base] [--steps 20] [--rounds 3] [--dropout 0.1] [--append]
 
 Both models: small d=256, 3+3 layers, 4 heads, FFN 1024 (base: d=512, 6+6, 8 heads, FFN 2048), vocabulary
-8000 (untied embeddings and generator), Adam,
-label-smoothed cross-entropy, post-norm. The reference is the textbook set-up: nn.Embedding scaled by
+8000 (untied embeddings and generator), Adam (torch's default loop for the reference, tformer's
+`build_optimizer`, fused, for tformer), label-smoothed cross-entropy, post-norm. The reference is the textbook set-up: nn.Embedding scaled by
 sqrt(d) + sinusoidal positions, nn.Transformer with padding and causal masks, a Linear generator over every
 position, F.cross_entropy(label_smoothing=0.1, ignore_index=pad). The batches are token-budget batches of
 Multi30k (en->de) sentences, each word hashed to one of 8000 ids, so lengths and padding are real.
-The two models alternate in rounds (noisy shared machine): the table gives each round and the median.
+The two models take turns batch by batch (noisy shared machine); a round is `--steps` batches each, and the
+table gives each round and the median.
 Throughput counts source + target tokens the model sees (</s> and <s> included), padding excluded.
 The fp32 matrix-multiply ceiling (torch.mm 1024^3, best of 10) is measured in the same run, before and
 after; "of ceiling" is the model's useful arithmetic (3x the forward FLOPs of the real tokens: projections,
@@ -33,11 +34,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, append_results, gemm_ceiling  # noqa: E402
 
-from tformer.config import ModelConfig  # noqa: E402
+from tformer.config import Config, ModelConfig  # noqa: E402
 from tformer.data import Vocab, collate, model_lengths, token_budget_batches  # noqa: E402
 from tformer.model import build_model  # noqa: E402
 from tformer.positions import sinusoidal_table  # noqa: E402
-from tformer.train.loop import train_step_loss  # noqa: E402
+from tformer.train.loop import build_optimizer, train_step_loss  # noqa: E402
 
 V = 8000
 SIZES = {"small": (256, 4, 3, 1024), "base": (512, 8, 6, 2048)}  # d, heads, layers per side, FFN
@@ -88,28 +89,20 @@ class Reference(nn.Module):
                                reduction="sum")
 
 
-def run(loss_fn, params, batches) -> float:
-    opt = run.opts.setdefault(id(params), torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9))
-    tokens = 0
+def step(loss_fn, params, opt, b) -> float:
+    """One update on batch b; its seconds."""
     tic = time.perf_counter()
-    for b in batches:
-        opt.zero_grad(set_to_none=True)
-        (loss_fn(b) / b.n_tgt_tokens).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        tokens += b.n_src_tokens + b.n_tgt_tokens
-    seconds = time.perf_counter() - tic
-    run.flops_per_s = sum(training_flops(b) for b in batches) / seconds
-    return tokens / seconds
-
-
-run.opts = {}
+    opt.zero_grad(set_to_none=True)
+    (loss_fn(b) / b.n_tgt_tokens).backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return time.perf_counter() - tic
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20, help="batches per model per round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10, help="batches per model per round")
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=0)
@@ -131,20 +124,30 @@ def main() -> None:
                                    tie_generator=False), V, V).train()
     ref = Reference(args.dropout).train()
     n_ours, n_ref = (sum(p.numel() for p in m.parameters()) for m in (ours, ref))
-    contenders = {
-        "torch.nn.Transformer": (ref.loss, list(ref.parameters())),
-        "tformer": (lambda b: train_step_loss(ours, b, 0.1)[0], list(ours.parameters())),
+    ours_opt = build_optimizer(ours, Config())  # Adam(0.9, 0.98, 1e-9) as configured by default
+    for group in ours_opt.param_groups:
+        group["lr"] = 1e-4
+    contenders = {  # the textbook Adam for the reference; tformer's trainer builds its own (fused)
+        "torch.nn.Transformer": (ref.loss, list(ref.parameters()),
+                                 torch.optim.Adam(ref.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)),
+        "tformer": (lambda b: train_step_loss(ours, b, 0.1)[0], list(ours.parameters()), ours_opt),
     }
-    for fn, params in contenders.values():  # warm-up
-        run(fn, params, batches[:3])
+    for fn, params, opt in contenders.values():  # warm-up
+        for b in batches[:3]:
+            step(fn, params, opt, b)
     rows = {name: [] for name in contenders}
     flops = {name: [] for name in contenders}
     ceiling = gemm_ceiling()
     for r in range(args.rounds):
         chunk = batches[3 + r * args.steps : 3 + (r + 1) * args.steps]
-        for name, (fn, params) in contenders.items():
-            rows[name].append(run(fn, params, chunk))
-            flops[name].append(run.flops_per_s / 1e9)
+        seconds = {name: 0.0 for name in contenders}
+        for b in chunk:  # the models take turns batch by batch: both see the machine in the same state
+            for name, (fn, params, opt) in contenders.items():
+                seconds[name] += step(fn, params, opt, b)
+        tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in chunk)
+        for name in contenders:
+            rows[name].append(tokens / seconds[name])
+            flops[name].append(sum(training_flops(b) for b in chunk) / seconds[name] / 1e9)
             print(f"round {r + 1}: {name:22s} {rows[name][-1]:8.0f} tokens/s", flush=True)
     ratios = [o / t for o, t in zip(rows["tformer"], rows["torch.nn.Transformer"])]
     real = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)

@@ -2,9 +2,11 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tformer.config import TrainConfig
 from tformer.data import Vocab, collate
@@ -145,3 +147,55 @@ def test_max_hours_stops_after_the_update_that_crosses_it(tmp_path):
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_hours=1e-9, epochs=3))
     result = train(cfg, tmp_path / "run")
     assert result.step == 1 and result.best is not None  # evaluated and saved before stopping
+
+
+def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_float32_state(tmp_path, monkeypatch):
+    """Under autocast the generator's logits come out of a bf16 matmul (the loss then takes the whole-logits
+    path and computes in float32), the weights and optimizer state stay float32, and the loss still falls."""
+    import tformer.train.loss as loss_mod
+
+    seen = []
+    real = loss_mod.label_smoothed_nll_loss
+
+    def spy(logits, *args):
+        seen.append(logits.dtype)
+        return real(logits, *args)
+
+    monkeypatch.setattr(loss_mod, "label_smoothed_nll_loss", spy)
+    cfg = _with(tiny_config(), epochs=3, lr=2.0, precision="bf16")
+    train(cfg, tmp_path / "run")
+    assert seen and set(seen) == {torch.bfloat16}
+    ckpt = load_checkpoint(tmp_path / "run", which="latest")
+    assert all(t.dtype == torch.float32 for t in load_file(str(ckpt.path / "model.safetensors")).values())
+    assert all(t.dtype == torch.float32 for t in load_file(str(ckpt.path / "optimizer.safetensors")).values()
+               if t.is_floating_point())
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < losses[0] and all(map(math.isfinite, losses))
+
+
+def test_fp16_scaler_skips_overflowing_updates_and_resumes_with_its_scale(tmp_path, monkeypatch):
+    """A scale of 2^60 overflows fp16 gradients: those updates are skipped (weights unchanged) and the scale
+    halves each time; the scale is saved in the checkpoint and a resume continues from it."""
+    import tformer.train.loop as loop
+
+    scaler_class = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device: scaler_class(device, init_scale=2.0**60))
+    initial = {}
+    real_build = loop.build_model
+
+    def build(*args):
+        model = real_build(*args)
+        initial.update({k: v.clone() for k, v in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(loop, "build_model", build)
+    cfg = _with(tiny_config(), max_steps=3, log_every=1, precision="fp16")
+    train(cfg, tmp_path / "run")
+    ckpt = load_checkpoint(tmp_path / "run", which="latest")
+    assert ckpt.trainer["grad_scaler"]["scale"] == 2.0**57  # three overflows
+    saved = load_file(str(ckpt.path / "model.safetensors"))
+    assert saved and all(torch.equal(saved[k], initial[k]) for k in saved)  # no update was applied
+    train(_with(cfg, max_steps=4), tmp_path / "run", resume=True)
+    again = load_checkpoint(tmp_path / "run", which="latest")
+    assert again.trainer["step"] == 4 and again.trainer["grad_scaler"]["scale"] == 2.0**56

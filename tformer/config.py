@@ -212,6 +212,9 @@ class TrainConfig:
     valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when PyTorch sees a GPU, else cpu
+    # the forward pass under torch.autocast in this dtype (weights, gradients, optimizer stay float32); fp16 adds
+    # a dynamic gradient scaler, kept in checkpoints. For GPUs: CPUs without bf16/fp16 units run it far slower
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     attention_examples: int = 0  # record the attention of this many validation examples at every evaluation
     # (RUN_DIR/attention/, animated by `tformer animate`)
     tensorboard: bool = False  # also log the metrics to RUN_DIR/tensorboard (needs the tensorboard package)

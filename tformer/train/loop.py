@@ -71,9 +71,13 @@ class _StopOnSigint:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
+    """Adam with the configured betas/eps, fused (one kernel over all parameters: 3x faster than the
+    per-parameter loop on this CPU) where torch has it for the parameters' device."""
     t = cfg.train
-    return torch.optim.Adam(model.parameters(), lr=learning_rate(1, t, cfg.model.d_model), betas=t.betas,
-                            eps=t.adam_eps, weight_decay=t.weight_decay)
+    params = list(model.parameters())
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.Adam(params, lr=learning_rate(1, t, cfg.model.d_model), betas=t.betas, eps=t.adam_eps,
+                            weight_decay=t.weight_decay, fused=fused)
 
 
 class StepLoss(NamedTuple):
@@ -123,8 +127,35 @@ class _Window:
         return out
 
 
+class Precision:
+    """`train.precision` on a device: the autocast context of the forward pass and, for fp16, the gradient
+    scaler (the loss is multiplied by its scale before backward, the gradients divided by it before clipping;
+    a step whose gradients overflowed is skipped and the scale lowered)."""
+
+    def __init__(self, precision: str, device: torch.device) -> None:
+        self.name, self.device = precision, device
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.dtype = dtype
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        if dtype is not None and device.type == "cpu":
+            log.warning("train.precision=%s on a CPU: autocast runs, but CPUs without %s units compute it "
+                        "far slower than fp32 (measured ~200x on AVX2); meant for GPUs", precision, precision)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def state(self) -> dict[str, Any] | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load(self, state: dict[str, Any] | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
 def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Batch], lr: float,
-            t: TrainConfig, window: _Window, ctx: Context = Context()) -> None:
+            t: TrainConfig, window: _Window, ctx: Context = Context(), amp: Precision | None = None) -> None:
     """One optimizer update over the batches `micro` (gradient accumulation), the loss normalised by
     the target tokens of all of them: exactly one big batch's gradient. Under torchrun `micro` is this
     process's share of the update; gradients and statistics are summed over the processes, and the
@@ -138,8 +169,10 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
     sums = [0.0] * 6
     for b in micro:
         b = b.to(ctx.device)
-        step = train_step_loss(model, b, t.label_smoothing, t.ponder_weight)
-        (step.loss if ctx.enabled else step.loss / n_tgt).backward()
+        with amp.autocast() if amp else contextlib.nullcontext():
+            step = train_step_loss(model, b, t.label_smoothing, t.ponder_weight)
+        loss = step.loss if ctx.enabled else step.loss / n_tgt
+        (amp.scaler.scale(loss) if amp and amp.scaler else loss).backward()
         for i, v in enumerate((float(step.loss.detach()) - step.ponder_loss, float(step.nll.detach()), step.correct,
                                step.ponder_steps, step.positions, b.n_src_tokens)):
             sums[i] += v
@@ -148,9 +181,16 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
         n_tgt, *sums = all_reduce_update(ctx, params, [float(n_tgt), *sums])
         for p in params:
             p.grad.div_(n_tgt)
+    scaler = amp.scaler if amp else None
+    if scaler:
+        scaler.unscale_(optimizer)  # every process sees the same summed gradients: the same overflow verdict
     if t.clip_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-    optimizer.step()
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
     window.loss += sums[0]  # the logged loss is comparable across models
     window.nll += sums[1]
     window.correct += int(sums[2])
@@ -227,8 +267,9 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
     if ctx.rank:  # dropout masks differ between processes (rank 0 keeps the single-process stream)
         torch.manual_seed(t.seed + 1_000_003 * ctx.rank)
     optimizer = build_optimizer(model, cfg)
+    amp = Precision(t.precision, ctx.device)
     state: dict[str, Any] = {"epoch": 0, "update_in_epoch": 0, "elapsed": 0.0, "best": None,
-                             "best_step": None, "reached_target": False, "bad_evals": 0}
+                             "best_step": None, "reached_target": False, "bad_evals": 0, "grad_scaler": None}
     step = 0
     if ckpt:
         ckpt.load_model_state(model)
@@ -236,6 +277,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
         state.update({k: ckpt.trainer[k] for k in state if k in ckpt.trainer})
         state["reached_target"] = False  # judged afresh against this session's target at its next evaluation
         step = ckpt.trainer["step"]
+        amp.load(state["grad_scaler"])
         log.info("resumed from %s (step %d, epoch %d)", ckpt.path, step, state["epoch"])
     if ctx.main:
         save_config(cfg, run_dir / "config.yaml")
@@ -296,6 +338,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
         if metrics is not None:
             state["bad_evals"] = 0 if best else state["bad_evals"] + 1
         state["elapsed"] = elapsed()
+        state["grad_scaler"] = amp.state()
         rng = distributed.gather_rng(ctx)
         path = run_dir / "checkpoints" / f"step_{step:07d}"
         if ctx.main:
@@ -360,7 +403,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
                 mine = updates[state["update_in_epoch"]][ctx.rank :: ctx.world]  # this process's share
                 micro = [collate([train_ex[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos) for idx in mine]
                 lr = learning_rate(step + 1, t, cfg.model.d_model)
-                _update(model, optimizer, micro, lr, t, window, ctx)
+                _update(model, optimizer, micro, lr, t, window, ctx, amp)
                 step += 1
                 state["update_in_epoch"] += 1
                 bar.update(1)
