@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import append_results  # noqa: E402
+from common import report  # noqa: E402
 
 from tformer.attention.kernels import SDPA_CPU_MIN_QUERIES, dense_attention  # noqa: E402
 
@@ -65,10 +65,7 @@ def main() -> None:
                              f"{statistics.median(a) * 1e6:,.0f} | {statistics.median(b) * 1e6:,.0f} | {ratio:.2f} |")
     notes = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, 4 heads x 64 dims, float32, forward "
              f"only; `sdpa_attention` uses the dense kernel on a CPU below {SDPA_CPU_MIN_QUERIES} queries")
-    print("\n".join(table))
-    print(notes)
-    if args.record:
-        append_results("Attention kernels: SDPA vs dense on this CPU", "\n".join(table), notes)
+    report("Attention kernels: SDPA vs dense on this CPU", table, notes, args.record)
 
 
 if __name__ == "__main__":

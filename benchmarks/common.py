@@ -51,3 +51,11 @@ def append_results(title: str, table: str, notes: str = "") -> None:
     with open(RESULTS, "a", encoding="utf-8") as f:
         f.write(text)
     print(f"appended to {RESULTS}")
+
+
+def report(title: str, table: list[str], notes: str, record: bool) -> None:
+    """Print a benchmark's table and notes; with `record`, append them to benchmarks/RESULTS.md."""
+    print("\n".join(table))
+    print(notes)
+    if record:
+        append_results(title, "\n".join(table), notes)

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHARED_DATA, append_results  # noqa: E402
+from common import SHARED_DATA, report  # noqa: E402
 
 from tformer.data.corpus import normalize  # noqa: E402
 from tformer.explore import Explorer, make_server  # noqa: E402
@@ -124,10 +124,7 @@ def main() -> None:
              f"{len(sentences) / sum(trips):.1f} requests/s); the model serves one request at a time.")
     notes += (f" Per sentence, round trip / plain decoding: median "
               f"{statistics.median(t / p for t, p in zip(trips, plain)):.2f}x.")
-    print("\n".join(table))
-    print(notes)
-    if args.record:
-        append_results("Explorer response time (translation with attention, over HTTP)", "\n".join(table), notes)
+    report("Explorer response time (translation with attention, over HTTP)", table, notes, args.record)
 
 
 if __name__ == "__main__":
