@@ -243,7 +243,21 @@ def test_page_in_a_real_browser_translates_and_switches_heads(server):
             assert page.locator("#nbest-list li.hyp .score").all_inner_texts() == [f"{h['score']:.3f}" for h in want]
             before = page.eval_on_selector("#heatmap", "c => c.toDataURL()")
             edges_before = page.eval_on_selector_all("#graph line", "ls => ls.map(l => l.getAttribute('stroke-opacity'))")
-            page.select_option("#head", "3")
+            # the head whose map (cross attention, layer 0: the page's default) differs most from head 0's, by
+            # the API's numbers, so that the picture must change
+            heads = np.array(want[0]["attention"]["cross"][0])  # (H, queries, keys)
+            other = int(np.abs(heads - heads[0]).sum(axis=(1, 2)).argmax())
+            assert np.abs(heads[other] - heads[0]).max() > 0.05
+            page.select_option("#head", str(other))
+            # the page redraws on its own schedule: wait (up to 10 s, on a loaded machine) for both to change
+            try:
+                page.wait_for_function("before => document.querySelector('#heatmap').toDataURL() !== before",
+                                       arg=before, timeout=10_000)
+                page.wait_for_function("before => JSON.stringify([...document.querySelectorAll('#graph line')]"
+                                       ".map(l => l.getAttribute('stroke-opacity'))) !== before",
+                                       arg=json.dumps(edges_before), timeout=10_000)
+            except Exception:  # playwright TimeoutError
+                pass  # the assertions below say which of the two did not change
             after = page.eval_on_selector("#heatmap", "c => c.toDataURL()")
             edges_after = page.eval_on_selector_all("#graph line", "ls => ls.map(l => l.getAttribute('stroke-opacity'))")
             assert before != after, "switching the head did not change the heatmap"
