@@ -98,12 +98,11 @@ def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float 
     real = batch.tgt_out != Vocab.pad  # (B, T)
     target = batch.tgt_out[real]  # (N,)
     out = generator_loss(hidden, model.generator, target, eps, Vocab.pad)  # logits (N, V) in row chunks
-    correct = int(out.correct)
     if output.ponder is None:
-        return StepLoss(out.loss, out.nll, correct)
+        return StepLoss(out.loss, out.nll, out.correct)
     cost = sum(p.cost for p in output.ponder)
     steps = float(sum(p.steps.sum() for p in output.ponder))
-    return StepLoss(out.loss + ponder_weight * cost, out.nll, correct, steps, float(ponder_weight * cost.detach()),
+    return StepLoss(out.loss + ponder_weight * cost, out.nll, out.correct, steps, float(ponder_weight * cost.detach()),
                     batch.n_src_tokens + batch.n_tgt_tokens)
 
 
@@ -133,9 +132,8 @@ class Precision:
     a step whose gradients overflowed is skipped and the scale lowered)."""
 
     def __init__(self, precision: str, device: torch.device) -> None:
-        self.name, self.device = precision, device
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        self.dtype = dtype
+        self.device = device
+        self.dtype = dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         if dtype is not None and device.type == "cpu":
             log.warning("train.precision=%s on a CPU: autocast runs, but CPUs without %s units compute it "

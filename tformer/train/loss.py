@@ -12,6 +12,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from tformer.metrics import token_accuracy
+
 
 class LossOutput(NamedTuple):
     loss: Tensor  # summed label-smoothed loss over real positions (the quantity to minimise)
@@ -28,6 +30,12 @@ def smoothed_targets(target: Tensor, vocab_size: int, eps: float, pad: int) -> T
     return q
 
 
+def _smoothed(nll: Tensor, all_but_pad: Tensor, eps: float, vocab_size: int) -> Tensor:
+    """Per-position smoothed loss from the nll of the true class and -sum of log p over the classes != <pad>:
+    1 - eps on the true class, eps / (V - 2) on each class that is neither it nor <pad>."""
+    return (1.0 - eps) * nll + eps / (vocab_size - 2) * (all_but_pad - nll)
+
+
 class _SmoothedNLL(torch.autograd.Function):
     """Per-position smoothed loss and nll with a hand-written backward.
 
@@ -42,7 +50,7 @@ class _SmoothedNLL(torch.autograd.Function):
         nll = -lprobs.gather(1, target[:, None])[:, 0]  # (N,)
         if eps > 0:
             all_but_pad = -(lprobs.sum(dim=-1) - lprobs[:, pad])  # (N,): -sum of log p over classes != pad
-            loss = (1.0 - eps) * nll + eps / (V - 2) * (all_but_pad - nll)
+            loss = _smoothed(nll, all_but_pad, eps, V)
         else:
             loss = nll.clone()
         ctx.save_for_backward(lprobs, target)
@@ -82,7 +90,7 @@ class GeneratorLoss(NamedTuple):
     loss: Tensor  # summed label-smoothed loss over real positions (differentiable)
     nll: Tensor  # summed negative log-likelihood of the true classes
     n_tokens: Tensor  # real (non-pad) positions
-    correct: Tensor  # real positions whose most probable class is the true one
+    correct: int  # real positions whose most probable class is the true one
 
 
 # Rows of the (N, V) logits handled at a time by generator_loss: small enough that a chunk's logits stay in
@@ -114,7 +122,7 @@ class _ChunkedGeneratorLoss(torch.autograd.Function):
             row_loss = row_nll
             if eps > 0:  # -sum of log p over the classes != <pad>, then the smoothed mix
                 all_but_pad = (V - 1) * lse - z.sum(dim=-1) + z[:, pad]
-                row_loss = (1.0 - eps) * row_nll + other * (all_but_pad - row_nll)
+                row_loss = _smoothed(row_nll, all_but_pad, eps, V)
             loss += row_loss[real].sum()
             nll += row_nll[real].sum()
             correct += (z.argmax(dim=-1) == t)[real].sum()
@@ -153,8 +161,7 @@ def generator_loss(hidden: Tensor, generator: torch.nn.Linear, target: Tensor, e
                and not torch.is_autocast_enabled(hidden.device.type))
     if chunked:
         loss, nll, correct = _ChunkedGeneratorLoss.apply(hidden, generator.weight, generator.bias, target, eps, pad)
-        return GeneratorLoss(loss, nll, real.sum(), correct)
+        return GeneratorLoss(loss, nll, real.sum(), int(correct))
     logits = generator(hidden)  # (N, V)
     out = label_smoothed_nll_loss(logits, target, eps, pad)
-    correct = ((logits.detach().argmax(dim=-1) == target) & real).sum()
-    return GeneratorLoss(out.loss, out.nll, out.n_tokens, correct)
+    return GeneratorLoss(out.loss, out.nll, out.n_tokens, token_accuracy(logits.detach(), target, pad)[0])
