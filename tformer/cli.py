@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -57,13 +58,18 @@ def _default_run_dir(config: str | None) -> Path:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from tformer.train.checkpoint import load_checkpoint
+    from tformer.train.checkpoint import NoCheckpointError, load_checkpoint
     from tformer.train.loop import train
 
     if args.resume and not args.run_dir:
         raise ConfigError("--resume needs --run-dir: the run folder to continue")
     if args.resume and not args.config:
-        cfg = load_checkpoint(args.run_dir, which="latest", overrides=args.overrides).cfg
+        try:
+            cfg = load_checkpoint(args.run_dir, which="latest", overrides=args.overrides).cfg
+        except NoCheckpointError:  # stopped before its first checkpoint: the run folder's config restarts it
+            if not (Path(args.run_dir) / "config.yaml").is_file():
+                raise
+            cfg = load_config(Path(args.run_dir) / "config.yaml", args.overrides)
     elif args.config:
         cfg = load_config(_find_config(args.config), args.overrides)
     else:
@@ -148,7 +154,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if scores:
         metrics.update(scores.as_dict())
     if args.output:
-        Path(args.output).write_text("".join(o + "\n" for o in outputs), encoding="utf-8")
+        with _output(args.output) as f:
+            f.write("".join(o + "\n" for o in outputs))
     report = {"checkpoint": str(ckpt.path), "split": args.split, **metrics, "seconds": round(seconds, 2),
               "decode": to_dict(cfg.decode), "attention": cfg.model.attention}
     if scores:
@@ -174,27 +181,32 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
+    from tformer.data.corpus import decode_lines, normalize, read_lines
     from tformer.inference import translate_ids
 
     ckpt, model = _load_for_inference(args)
     if args.print_config:
         _print_config(ckpt.cfg)
         return 0
-    from tformer.data.corpus import normalize
-
     src_tok, tgt_tok, dcfg = ckpt.tokenizers[0], ckpt.tokenizers[1], ckpt.cfg.decode
-    inp = open(args.input, encoding="utf-8") if args.input else sys.stdin
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     nbest = dcfg.nbest > 1
+    where = args.input or "standard input"
+    limit = args.max_source_tokens
     count = 0
 
-    def run(lines: list[str]) -> list[str]:
+    def encode(line: str, n: int) -> list[int]:
+        ids = src_tok.encode(normalize(line))
+        if limit and len(ids) > limit:
+            raise ValueError(f"{where}, line {n}: {len(ids)} source pieces ({len(line):,} characters), more than "
+                             f"--max-source-tokens {limit}; split the line into sentences, or raise the limit")
+        return ids
+
+    def run(ids: list[list[int]]) -> list[str]:
         """One output line per input line; with n-best, `index ||| hypothesis ||| score` lines (Moses)."""
         nonlocal count
-        ids = [src_tok.encode(normalize(line)) for line in lines]
         live = [i for i, x in enumerate(ids) if x]  # an empty line gives an empty line
         result = translate_ids(model, [ids[i] for i in live], dcfg) if live else None
-        texts: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        texts: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in ids]
         for j, i in enumerate(live):
             texts[i] = [(tgt_tok.decode(h), s) for h, s in zip(result.tokens[j], result.scores[j])]
         rows = []
@@ -203,31 +215,49 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 rows += [f"{count + i} ||| {text} ||| {score:.4f}" for text, score in hyps]
             else:
                 rows.append(hyps[0][0])
-        count += len(lines)
+        count += len(ids)
         return rows
 
-    try:
-        if inp.isatty():  # interactive: answer each line as it comes
-            print(f"tformer: translating with {_describe_decode(ckpt.cfg)}; one sentence per line, Ctrl-D ends",
-                  file=sys.stderr)
-            for line in inp:
-                out.write("".join(r + "\n" for r in run([line.rstrip("\n")])))
-                out.flush()
-        else:
+    if not args.input and sys.stdin.isatty():  # interactive: answer each line as it comes
+        print(f"tformer: translating with {_describe_decode(ckpt.cfg)}; one sentence per line, Ctrl-D ends",
+              file=sys.stderr)
+        for n, line in enumerate(sys.stdin, 1):
             try:
-                lines = inp.read().split("\n")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{args.input or 'standard input'}: not valid UTF-8 (byte {e.start})") from None
-            if lines and lines[-1] == "":
-                lines.pop()
-            for start in range(0, len(lines), 10_000):  # bounded memory; the decoder batches within
-                out.write("".join(r + "\n" for r in run(lines[start : start + 10_000])))
-    finally:
-        if args.input:
-            inp.close()
-        if args.output:
-            out.close()
+                ids = [encode(line.rstrip("\n"), n)]
+            except ValueError as e:  # say so and go on: the session is not lost
+                print(f"tformer translate: {e}", file=sys.stderr)
+                ids = [[]]
+            sys.stdout.write("".join(r + "\n" for r in run(ids)))
+            sys.stdout.flush()
+        return 0
+    # a file or a pipe: check every line before translating any, and write the output only when all is done
+    lines = read_lines(args.input) if args.input else decode_lines(sys.stdin.buffer.read(), where)
+    if not lines:
+        raise ValueError(f"{where} is empty: nothing to translate")
+    ids = [encode(line, n) for n, line in enumerate(lines, 1)]
+    with _output(args.output) as out:
+        for start in range(0, len(ids), 10_000):  # bounded memory; the decoder batches within
+            out.write("".join(r + "\n" for r in run(ids[start : start + 10_000])))
     return 0
+
+
+@contextlib.contextmanager
+def _output(path: str | None):
+    """Standard output, or `path` written under a temporary name and renamed into place when complete: an
+    error or Ctrl-C midway leaves an existing file as it was."""
+    if not path:
+        yield sys.stdout
+        return
+    final = Path(path)
+    if final.is_dir():
+        raise ValueError(f"--output {path} is a folder; give a file name")
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield f
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
@@ -251,7 +281,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     result = translate_ids(model, frames, cfg.decode)
     lines = [f"{i}\t{ckpt.tokenizers[1].decode(h[0])}\n" for i, h in zip(ids, result.tokens)]
     if args.output:
-        Path(args.output).write_text("".join(lines), encoding="utf-8")
+        with _output(args.output) as f:
+            f.write("".join(lines))
     else:
         sys.stdout.write("".join(lines))
     return 0
@@ -554,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--checkpoint", required=True, help="run folder (uses its best checkpoint) or checkpoint folder")
     sp.add_argument("--input", help="input file (default: standard input)")
     sp.add_argument("--output", help="output file (default: standard output)")
+    sp.add_argument("--max-source-tokens", type=int, default=1024, metavar="N",
+                    help="refuse input lines longer than N source pieces, naming the line, before translating "
+                    "anything (default 1024; 0 = no limit: attention memory grows with the square of it)")
     decoding(sp)
     common(sp, inference_help)
     sp.set_defaults(func=cmd_translate)
@@ -712,6 +746,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as e:  # ConfigError, CheckpointError and data errors: a message, not a traceback
         print(f"tformer {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file the command line names: missing, unreadable, a full disk
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"tformer {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tformer {args.command}: interrupted", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -207,6 +208,9 @@ class TrainConfig:
     eval_every: int = 0  # optimizer updates between evaluations; 0 = once per epoch
     log_every: int = 20
     keep_last: int = 3  # checkpoints kept besides the best
+    save_every: int = 0  # optimizer updates between checkpoints without an evaluation; 0 = at evaluations only
+    max_bad_updates: int = 5  # an update whose loss or gradients are NaN/inf is skipped; stop after this many in a row
+    deterministic: bool = False  # torch.use_deterministic_algorithms: GPU runs repeat exactly (CPU runs already do)
     target_exact_match: float = 0.0  # stop once validation exact match reaches this (0 = never)
     patience: int = 0  # stop after this many evaluations without a better best checkpoint (0 = never)
     valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
@@ -220,9 +224,10 @@ class TrainConfig:
     tensorboard: bool = False  # also log the metrics to RUN_DIR/tensorboard (needs the tensorboard package)
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "epochs", "accum_steps", "log_every", "keep_last", "valid_beam"):
+        for name in ("max_tokens", "epochs", "accum_steps", "log_every", "keep_last", "valid_beam",
+                     "max_bad_updates"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
-        for name in ("max_sentences", "max_steps", "warmup", "eval_every", "threads", "patience",
+        for name in ("max_sentences", "max_steps", "warmup", "eval_every", "save_every", "threads", "patience",
                      "attention_examples"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
@@ -437,4 +442,8 @@ def check_inference_overrides(overrides: list[str]) -> None:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    """Write `cfg` as YAML under a temporary name, then rename it into place (never half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,7 +1,7 @@
 """Raw parallel corpora: two aligned files (plain or gzip) or one tab-separated file.
 
-Every reader fails on the first problem with the file and line: invalid UTF-8, files of different lengths,
-a TSV line with too few fields. Text is normalised (NFC, no-break spaces to spaces, runs of whitespace to
+Every reader fails on the first problem with the file and line: invalid UTF-8, a NUL byte (not a text file),
+a truncated gzip stream, files of different lengths, a TSV line with too few fields. Text is normalised (NFC, no-break spaces to spaces, runs of whitespace to
 one space) before anything else sees it. Filtering of training pairs lives in `filter_pairs` and reports
 how many pairs it dropped and why.
 """
@@ -35,6 +35,8 @@ def _open_bytes(path: Path) -> bytes:
         raise ValueError(f"{path} does not exist") from None
     except IsADirectoryError:
         raise ValueError(f"{path} is a folder, not a text file") from None
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read ({e.strerror})") from None
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
@@ -47,15 +49,24 @@ def _open_bytes(path: Path) -> bytes:
 def read_lines(path: str | Path) -> list[str]:
     """Lines of a UTF-8 text file, plain or gzip (by content, not by name), without line endings."""
     path = Path(path)
-    raw = _open_bytes(path)
+    return decode_lines(_open_bytes(path), str(path))
+
+
+def decode_lines(raw: bytes, where: str) -> list[str]:
+    """The lines of UTF-8 bytes (`where` names them in messages: a path, 'standard input')."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ValueError(f"{path}, line {line}, byte {col} of the line: not valid UTF-8 "
-                         f"({raw[e.start:e.start + 1]!r}); convert the file to UTF-8 "
+        raise ValueError(f"{where}, line {line}, byte {col} of the line: not valid UTF-8 "
+                         f"({raw[e.start:e.start + 1]!r}); convert it to UTF-8 "
                          f"(e.g. iconv -f latin1 -t utf-8)") from None
+    nul = text.find("\0")
+    if nul >= 0:
+        raise ValueError(f"{where}, line {text.count(chr(10), 0, nul) + 1}: a NUL byte; this is not a text file "
+                         "(a binary, a compressed format other than gzip, or UTF-16); give UTF-8 text, one "
+                         "sentence per line")
     if text.startswith("\ufeff"):
         text = text[1:]
     lines = text.split("\n")

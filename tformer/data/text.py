@@ -5,21 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def read_lines(path: Path) -> list[str]:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{path} does not exist") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte {e.start}); convert the file to UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
+from tformer.data.corpus import read_lines
 
 
 def read_parallel(folder: str | Path, split: str) -> list[tuple[list[str], list[str]]]:

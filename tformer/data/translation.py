@@ -62,9 +62,19 @@ def read_split(cfg: DataConfig, split: str) -> Corpus:
         path = files[0].resolve()
         if not path.is_file():
             raise ValueError(f"{files[0]} does not exist; check data.tsv")
-        return _tsv_splits(path, cfg.tsv_columns, cfg.valid_size, cfg.test_size, cfg.seed,
-                           path.stat().st_mtime_ns)[split]
-    return read_aligned(*files)
+        corpus = _tsv_splits(path, cfg.tsv_columns, cfg.valid_size, cfg.test_size, cfg.seed,
+                             path.stat().st_mtime_ns)[split]
+    else:
+        corpus = read_aligned(*files)
+    if not len(corpus):
+        raise ValueError(f"{corpus.origin}: the {split} split holds no sentence pairs (empty file); give "
+                         f"{split} data, one sentence per line")
+    if split != "train":  # evaluation keeps every pair (comparable scores), but an empty side is suspicious
+        empty = [n for n, s, t in zip(corpus.lines, corpus.src, corpus.tgt) if not s or not t]
+        if empty:
+            log.warning("%s: %d %s pair(s) with an empty side (line %s); they are kept and score as written",
+                        corpus.origin, len(empty), split, ", ".join(map(str, empty[:5])) + (" ..." if len(empty) > 5 else ""))
+    return corpus
 
 
 def _sha256_file(path: Path) -> str:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,10 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete, foreign or does not fit the model."""
 
 
+class NoCheckpointError(CheckpointError):
+    """A run folder that holds no complete checkpoint (yet)."""
+
+
 def _fsync_write(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -54,8 +59,12 @@ def _fsync_write(path: Path, data: bytes) -> None:
 def _replace_text(path: Path, text: str) -> None:
     """Write `text` to `path` atomically (temporary file, fsync, rename)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    _fsync_write(tmp, text.encode("utf-8"))
-    os.replace(tmp, path)
+    try:
+        _fsync_write(tmp, text.encode("utf-8"))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
 
 
 def unique_state(model: nn.Module) -> dict[str, Tensor]:
@@ -87,6 +96,46 @@ def optimizer_state(tensors: dict[str, Tensor], param_groups: list[dict[str, Any
     return {"state": state, "param_groups": param_groups}
 
 
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename inside `folder` durable (POSIX: the directory entry lives in the folder's own data)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on folders; the rename is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_checkpoint(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                      trainer: dict[str, Any], cfg: Config, tokenizers: Tokenizers,
+                      rng_states: list[Tensor] | None) -> None:
+    """Every file of a checkpoint into the fresh folder `tmp`, each fsynced; trainer.json last (its presence
+    marks a complete checkpoint)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(unique_state(model), str(tmp / "model.safetensors"),
+              metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
+    info = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, **trainer}
+    if optimizer is not None:
+        tensors, groups = optimizer_tensors(optimizer)
+        states = rng_states or [torch.get_rng_state()]
+        tensors["rng.torch"] = states[0]
+        tensors.update({f"rng.torch.rank{r}": st for r, st in enumerate(states) if r})
+        info["world_size"] = len(states)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        info["param_groups"] = groups
+    save_config(cfg, tmp / "config.yaml")
+    save_tokenizers(tokenizers, tmp)
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    _fsync_write(tmp / "trainer.json", json.dumps(info, indent=1).encode("utf-8"))  # written last
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -107,32 +156,61 @@ def save_checkpoint(
     final = root / name
     if not (final / "trainer.json").exists():  # a step's state is fixed: never rewrite a finished one
         tmp = root / f".tmp-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        save_file(unique_state(model), str(tmp / "model.safetensors"),
-                  metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
-        info = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, **trainer}
-        if optimizer is not None:
-            tensors, groups = optimizer_tensors(optimizer)
-            states = rng_states or [torch.get_rng_state()]
-            tensors["rng.torch"] = states[0]
-            tensors.update({f"rng.torch.rank{r}": st for r, st in enumerate(states) if r})
-            info["world_size"] = len(states)
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
-            info["param_groups"] = groups
-        save_config(cfg, tmp / "config.yaml")
-        save_tokenizers(tokenizers, tmp)
-        _fsync_write(tmp / "trainer.json", json.dumps(info, indent=1).encode("utf-8"))  # written last
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of a crash, if any
-        os.rename(tmp, final)
-    _replace_text(root / "latest", name + "\n")
-    if best:
-        _replace_text(root / "best", name + "\n")
+        try:
+            _write_checkpoint(tmp, step, model, optimizer, trainer, cfg, tokenizers, rng_states)
+            shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of a crash, if any
+            os.rename(tmp, final)
+            _fsync_dir(root)
+        except OSError as e:  # a full disk, a vanished folder: the previous checkpoint is untouched
+            shutil.rmtree(tmp, ignore_errors=True)
+            previous = _pointer(root, "latest")
+            raise CheckpointError(f"could not write checkpoint {final} ({e.strerror or e}); "
+                                  + (f"the previous one, {root / previous}, is intact: " if previous else "")
+                                  + "free space (or fix the folder) and continue with --resume") from None
+    try:
+        _replace_text(root / "latest", name + "\n")
+        if best:
+            _replace_text(root / "best", name + "\n")
+    except OSError as e:
+        raise CheckpointError(f"wrote {final}, but could not update {root / 'latest'} ({e.strerror or e}); "
+                              "free space and continue with --resume") from None
     _prune(root, keep_last)
     return final
+
+
+BYTES_PER_PARAMETER = 12  # a checkpoint: float32 weights + Adam's two float32 moments
+ROOM_MARGIN = 16 << 20  # configs, vocabularies, tokenizers, logs
+
+
+def check_room(run_dir: str | Path, n_params: int, keep_last: int) -> None:
+    """Before training: the run folder can be created and written, and its filesystem holds the checkpoints
+    the run will keep at once (keep_last + the best + the one being written). Raises CheckpointError saying
+    what to change; writes nothing that stays."""
+    run_dir = Path(run_dir)
+    folder = run_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CheckpointError(f"cannot create the run folder {run_dir}: {folder} is a file, not a folder; "
+                              "choose another --run-dir")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tformer-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CheckpointError(f"cannot write into {folder} ({e.strerror or e}); the run folder {run_dir} needs a "
+                              "writable place: choose another --run-dir") from None
+    per = BYTES_PER_PARAMETER * n_params
+    root = run_dir / "checkpoints"
+    have = len(list_checkpoints(root)) if root.is_dir() else 0
+    need = max(keep_last + 2 - have, 1) * per + ROOM_MARGIN
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise CheckpointError(
+            f"{folder} has {free / 2**20:.1f} MiB free, but this run needs about {need / 2**20:.1f} MiB: it keeps up to "
+            f"{keep_last + 2} checkpoints of {per / 2**20:.1f} MiB ({n_params:,} parameters: weights and Adam "
+            f"moments; train.keep_last={keep_last} + the best + the one being written). Free space, lower "
+            "train.keep_last, or choose another --run-dir")
 
 
 def _pointer(root: Path, which: str) -> str | None:
@@ -168,14 +246,14 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
     if not path.exists():
         raise CheckpointError(f"{path} does not exist; pass a run folder or a checkpoint folder")
     if not root.is_dir():
-        raise CheckpointError(f"{path} is neither a checkpoint folder (no trainer.json) nor a run folder "
+        raise NoCheckpointError(f"{path} is neither a checkpoint folder (no trainer.json) nor a run folder "
                               "(no checkpoints/ inside)")
     for name in (_pointer(root, which), _pointer(root, "latest")):
         if name and (root / name / "trainer.json").exists():
             return root / name
     complete = list_checkpoints(root)
     if not complete:
-        raise CheckpointError(f"{root} holds no complete checkpoint")
+        raise NoCheckpointError(f"{root} holds no complete checkpoint")
     return complete[-1]
 
 
@@ -242,13 +320,20 @@ class Checkpoint:
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: cannot be read as safetensors ({e})") from None
         expected = unique_state(model)
+        fits = (f"the weights do not fit the model {self.path / 'config.yaml'} describes (files from different "
+                "runs, an edited config, or a tampered file)")
         missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
         if missing or extra:
-            raise CheckpointError(f"{file} does not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
+            raise CheckpointError(f"{file}: {fits}: missing tensors {missing[:5]}, unexpected tensors {extra[:5]}")
         for k, v in expected.items():
             if tensors[k].shape != v.shape:
-                raise CheckpointError(f"{file}: tensor '{k}' has shape {tuple(tensors[k].shape)}, "
-                                      f"the model needs {tuple(v.shape)}")
+                raise CheckpointError(f"{file}: {fits}: tensor '{k}' has shape {tuple(tensors[k].shape)}, the "
+                                      f"model needs {tuple(v.shape)}")
+            if tensors[k].dtype != v.dtype:
+                raise CheckpointError(f"{file}: tensor '{k}' is {tensors[k].dtype}, the model needs {v.dtype}")
+            if v.is_floating_point() and not bool(torch.isfinite(tensors[k]).all()):
+                raise CheckpointError(f"{file}: tensor '{k}' holds NaN or inf values; the checkpoint is corrupt "
+                                      "(use an earlier one)")
         model.load_state_dict(tensors, strict=False)  # tied aliases are filled through their first name
 
     def load_training_state(self, optimizer: torch.optim.Optimizer, rank: int = 0) -> None:
@@ -260,8 +345,44 @@ class Checkpoint:
             tensors = load_file(str(file))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: cannot be read as safetensors ({e})") from None
+        _check_optimizer_tensors(file, tensors, self.trainer["param_groups"], optimizer)
+        rng = tensors.get("rng.torch" if rank == 0 else f"rng.torch.rank{rank}")
+        if rng is None or rng.dtype != torch.uint8 or rng.dim() != 1:
+            raise CheckpointError(f"{file}: no random state for process {rank}; the file is damaged or tampered")
         optimizer.load_state_dict(optimizer_state(tensors, self.trainer["param_groups"]))
-        torch.set_rng_state(tensors["rng.torch" if rank == 0 else f"rng.torch.rank{rank}"])
+        try:
+            torch.set_rng_state(rng)
+        except RuntimeError as e:
+            raise CheckpointError(f"{file}: the random state of process {rank} is not valid ({e})") from None
+
+
+def _check_optimizer_tensors(file: Path, tensors: dict[str, Tensor], groups: Any,
+                             optimizer: torch.optim.Optimizer) -> None:
+    """The saved moments must be exactly the optimizer's: one entry per parameter, the parameter's shape."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ok_groups = (isinstance(groups, list) and len(groups) == len(optimizer.param_groups)
+                 and all(isinstance(g, dict) and g.get("params") == list(range(sum(len(h["params"]) for h in
+                         optimizer.param_groups[:i]), sum(len(h["params"]) for h in optimizer.param_groups[:i + 1])))
+                         for i, g in enumerate(groups)))
+    if not ok_groups:
+        raise CheckpointError(f"{file.parent / 'trainer.json'}: 'param_groups' do not describe this model's "
+                              f"{len(params)} parameters; the checkpoint is damaged or from another model")
+    for key, v in tensors.items():
+        if key.startswith("rng."):
+            continue
+        parts = key.split(".", 2)
+        if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit() or int(parts[1]) >= len(params):
+            raise CheckpointError(f"{file}: unexpected tensor '{key}'; the file is damaged or from another model")
+        shape = params[int(parts[1])].shape
+        if parts[2] != "step" and v.shape != shape:
+            raise CheckpointError(f"{file}: tensor '{key}' has shape {tuple(v.shape)}, its parameter "
+                                  f"{tuple(shape)}; the checkpoint is damaged or from another model")
+        if not bool(torch.isfinite(v).all()):
+            raise CheckpointError(f"{file}: tensor '{key}' holds NaN or inf values; the checkpoint is corrupt")
+    have = {int(k.split(".")[1]) for k in tensors if k.startswith("state.")}
+    if have and have != set(range(len(params))):
+        raise CheckpointError(f"{file}: optimizer state for {len(have)} of {len(params)} parameters; the file is "
+                              "damaged or from another model")
 
 
 def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()) -> Checkpoint:
@@ -272,7 +393,10 @@ def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] 
         raise CheckpointError(f"{ckpt / 'trainer.json'} is corrupt ({e})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise CheckpointError(f"{ckpt} is not a tformer checkpoint (trainer.json has no format '{FORMAT}')")
-    if info.get("version", 0) > FORMAT_VERSION:
+    if not isinstance(info.get("version"), int) or not isinstance(info.get("step"), int) or info["step"] < 0:
+        raise CheckpointError(f"{ckpt / 'trainer.json'}: 'version' and 'step' must be whole numbers >= 0; the file "
+                              "is damaged or tampered")
+    if info["version"] > FORMAT_VERSION:
         raise CheckpointError(f"{ckpt} has format version {info['version']}, newer than this tformer "
                               f"reads ({FORMAT_VERSION}); upgrade tformer")
     try:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -27,13 +28,17 @@ from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_
 from tformer.evaluation import evaluate
 from tformer.model import Transformer, build_model
 from tformer.train import distributed
-from tformer.train.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_tokenizers,
-                                      save_checkpoint, save_tokenizers)
+from tformer.train.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
+                                      load_checkpoint, load_tokenizers, save_checkpoint, save_tokenizers)
 from tformer.train.distributed import Context, all_reduce_update
 from tformer.train.loss import generator_loss
 from tformer.train.schedule import learning_rate
 
 log = logging.getLogger("tformer")
+
+
+class TrainingError(ValueError):
+    """Training cannot go on (e.g. NaN/inf in too many updates in a row); the message says why and what to do."""
 
 
 @dataclass
@@ -114,14 +119,17 @@ class _Window:
 
     def reset(self) -> None:
         self.loss = self.nll = self.seconds = self.ponder = 0.0
-        self.correct = self.src = self.tgt = self.positions = 0
+        self.correct = self.src = self.tgt = self.positions = self.skipped = 0
 
     def flush(self) -> dict[str, float]:
-        """The averages since the last flush; then start a new window."""
+        """The averages since the last flush over the updates taken (skipped ones count only in 'skipped');
+        then start a new window."""
         out = {"loss": self.loss / self.tgt, "nll": self.nll / self.tgt, "token_acc": self.correct / self.tgt,
                "tok_per_s": (self.src + self.tgt) / self.seconds}
         if self.positions:
             out["ponder"] = self.ponder / self.positions  # mean ACT steps per position
+        if self.skipped:
+            out["skipped"] = self.skipped  # updates skipped for a NaN/inf loss or gradient
         self.reset()
         return out
 
@@ -153,11 +161,15 @@ class Precision:
 
 
 def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Batch], lr: float,
-            t: TrainConfig, window: _Window, ctx: Context = Context(), amp: Precision | None = None) -> None:
+            t: TrainConfig, window: _Window, ctx: Context = Context(), amp: Precision | None = None) -> bool:
     """One optimizer update over the batches `micro` (gradient accumulation), the loss normalised by
     the target tokens of all of them: exactly one big batch's gradient. Under torchrun `micro` is this
     process's share of the update; gradients and statistics are summed over the processes, and the
-    normalisation uses the target tokens of the whole update."""
+    normalisation uses the target tokens of the whole update.
+
+    Returns False, leaving the weights and the optimizer as they were, when the loss or the gradient norm
+    is NaN/inf (every process sees the same sums, so all skip together). Under fp16 an overflowing gradient
+    is the scaler's business (it skips and lowers its scale); only a non-finite loss is a fault there."""
     tic = time.perf_counter()
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -182,13 +194,18 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
     scaler = amp.scaler if amp else None
     if scaler:
         scaler.unscale_(optimizer)  # every process sees the same summed gradients: the same overflow verdict
-    if t.clip_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+    norm = _grad_norm(model, t.clip_norm)
+    finite = math.isfinite(sums[0]) and (scaler is not None or math.isfinite(norm))
     if scaler:
-        scaler.step(optimizer)
+        scaler.step(optimizer)  # skips by itself when the gradients hold inf/NaN
         scaler.update()
-    else:
+    elif finite:
         optimizer.step()
+    if not finite:
+        optimizer.zero_grad(set_to_none=True)
+        window.skipped += 1
+        window.seconds += time.perf_counter() - tic
+        return False
     window.loss += sums[0]  # the logged loss is comparable across models
     window.nll += sums[1]
     window.correct += int(sums[2])
@@ -197,6 +214,17 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
     window.src += int(sums[5])
     window.tgt += int(n_tgt)
     window.seconds += time.perf_counter() - tic
+    return True
+
+
+def _grad_norm(model: torch.nn.Module, clip_norm: float) -> float:
+    """The gradients' global L2 norm, clipped to `clip_norm` when that is set (a NaN/inf norm clips nothing)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    if clip_norm:
+        return float(torch.nn.utils.clip_grad_norm_(params, clip_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
 
 
 def _better(metrics: dict[str, float], best: dict[str, Any] | None) -> bool:
@@ -231,13 +259,17 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     """Train `cfg` into `run_dir`, or continue it (`resume`). Under torchrun (WORLD_SIZE > 1) every process
     calls this; see tformer.train.distributed."""
     ctx = distributed.setup(cfg.train.device)
-    threads = torch.get_num_threads()
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    if cfg.train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS asks for
+        torch.use_deterministic_algorithms(True)
     try:
         if not ctx.main:
             log.setLevel(logging.WARNING)  # one voice: rank 0 logs
         return _train(cfg, Path(run_dir), resume, progress and ctx.main, ctx)
     finally:
         torch.set_num_threads(threads)  # train.threads is this run's, not the caller's for good
+        torch.use_deterministic_algorithms(deterministic)
         distributed.teardown(ctx)
 
 
@@ -247,9 +279,16 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
         torch.set_num_threads(t.threads)
     if t.tensorboard:
         _summary_writer_class()  # fail before any work when the package is missing
-    ckpt = None
+    ckpt, restart = None, False
     if resume:
-        ckpt = load_checkpoint(run_dir, which="latest")
+        try:
+            ckpt = load_checkpoint(run_dir, which="latest")
+        except NoCheckpointError:  # stopped (or killed) before its first checkpoint: nothing to continue from
+            if not run_dir.is_dir():
+                raise
+            restart = True
+            log.warning("%s holds no complete checkpoint yet (the run stopped before its first): starting it "
+                        "from the beginning", run_dir)
     elif (run_dir / "checkpoints").is_dir() and list_checkpoints(run_dir / "checkpoints"):
         raise CheckpointError(f"{run_dir} already holds checkpoints; add --resume to continue it, "
                               "or choose another --run-dir")
@@ -267,7 +306,8 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
     optimizer = build_optimizer(model, cfg)
     amp = Precision(t.precision, ctx.device)
     state: dict[str, Any] = {"epoch": 0, "update_in_epoch": 0, "elapsed": 0.0, "best": None,
-                             "best_step": None, "reached_target": False, "bad_evals": 0, "grad_scaler": None}
+                             "best_step": None, "reached_target": False, "bad_evals": 0, "grad_scaler": None,
+                             "bad_updates": 0, "skipped_updates": 0}
     step = 0
     if ckpt:
         ckpt.load_model_state(model)
@@ -290,7 +330,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
     valid_decode = dataclasses.replace(cfg.decode, strategy="greedy" if t.valid_beam == 1 else "beam",
                                        beam_size=t.valid_beam, nbest=1)
     src_lens, tgt_lens = model_lengths(train_ex, cfg.model.frame_skip)
-    if ckpt and ctx.main:
+    if (ckpt or restart) and ctx.main:
         _truncate_metrics(run_dir / "metrics.jsonl", step)
     recorder = None
     if t.attention_examples and ctx.main:
@@ -300,8 +340,9 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
         if ckpt:
             recorder.truncate(step)
         else:
+            recorder.truncate(0)  # a restart drops what the stopped attempt recorded
             recorder.record(model, 0)  # the untrained model: the first frame of the animations
-    board = _tensorboard(run_dir, step if ckpt else None) if t.tensorboard and ctx.main else None
+    board = _tensorboard(run_dir, step if ckpt or restart else None) if t.tensorboard and ctx.main else None
     metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if ctx.main else contextlib.nullcontext()
     session_start = time.perf_counter()
     elapsed0 = state["elapsed"]
@@ -344,6 +385,27 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
                                    keep_last=t.keep_last, rng_states=rng)
         distributed.barrier(ctx)
         return path
+
+    def bad_updates(at: int) -> None:
+        """An update skipped for a NaN/inf loss or gradient: warn; stop after train.max_bad_updates in a row."""
+        state["bad_updates"] += 1
+        state["skipped_updates"] += 1
+        n = state["bad_updates"]
+        log.warning("step %d: the loss or the gradients are NaN/inf; update skipped, weights unchanged (%d in a "
+                    "row, the limit is train.max_bad_updates=%d)", at, n, t.max_bad_updates)
+        if n < t.max_bad_updates:
+            return
+        why = (f"training stopped at step {at}: the loss or the gradients were NaN/inf in {n} updates in a row "
+               f"(steps {at - n + 1}-{at}), each skipped. ")
+        if all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            path = checkpoint(None)
+            why += (f"The weights are still finite (from before those updates): saved {path}. ")
+        else:
+            why += (f"The weights themselves are no longer finite, so nothing was saved; the last checkpoint in "
+                    f"{run_dir / 'checkpoints'} is intact. ")
+        raise TrainingError(why + "Usual causes: a learning rate too high for the model (train.lr, train.warmup), "
+                            "no gradient clipping (train.clip_norm), fp16 overflow (train.precision=bf16 or fp32), "
+                            "or a corrupt batch; change one and continue with --resume")
 
     def run_eval() -> dict[str, Any]:
         """Every process calls this; rank 0 evaluates, the others wait and receive the outcome."""
@@ -401,11 +463,15 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
                 mine = updates[state["update_in_epoch"]][ctx.rank :: ctx.world]  # this process's share
                 micro = [collate([train_ex[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos) for idx in mine]
                 lr = learning_rate(step + 1, t, cfg.model.d_model)
-                _update(model, optimizer, micro, lr, t, window, ctx, amp)
+                ok = _update(model, optimizer, micro, lr, t, window, ctx, amp)
                 step += 1
                 state["update_in_epoch"] += 1
                 bar.update(1)
-                if step % t.log_every == 0 or step == 1:
+                if not ok:
+                    bad_updates(step)
+                else:
+                    state["bad_updates"] = 0
+                if (step % t.log_every == 0 or step == 1) and window.tgt:
                     rec = {"kind": "train", "step": step, "epoch": state["epoch"], "lr": lr, **window.flush(),
                            "elapsed": round(elapsed(), 2)}
                     write(rec)
@@ -418,6 +484,8 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
                                  state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"], ponder)
                 if t.eval_every and step % t.eval_every == 0:
                     run_eval()
+                elif t.save_every and step % t.save_every == 0:
+                    checkpoint(None)
                 # every process stops at the same update: the flags of all of them count
                 interrupted, late = distributed.any_rank(ctx, sigint.requested, out_of_time())
                 stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or interrupted
@@ -447,6 +515,10 @@ def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context):
     if ctx.main:
         try:
             data = load_task(cfg.data, splits, tokenizers=ckpt.tokenizers if ckpt else None, **kwargs)
+            with torch.device("meta"):  # the parameter count, without allocating the model
+                n_params = sum(p.numel() for p in build_model(cfg.model, len(data.src_vocab),
+                                                               len(data.tgt_vocab)).parameters())
+            check_room(run_dir, n_params, cfg.train.keep_last)  # before anything is written
             run_dir.mkdir(parents=True, exist_ok=True)
             save_tokenizers(data.tokenizers, run_dir)
         except Exception as e:
