@@ -304,3 +304,121 @@ def test_page_shows_universal_transformer_steps(ut_run):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+# ------------------------------------------------------------------------------------------ load
+
+
+@pytest.fixture()
+def bounded(run):
+    """A server that lets 2 translations wait for the model and 4 connections be open."""
+    explorer = Explorer(run, limits=Limits(max_chars=200, max_tokens=30, max_beam=6, max_nbest=4, max_queue=2))
+    httpd = make_server(explorer, "127.0.0.1", 0, max_connections=4)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield explorer, f"http://127.0.0.1:{httpd.server_port}", httpd.server_port
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _post_headers(url, body):
+    req = urllib.request.Request(url + "/api/translate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def _wait(predicate, seconds=10.0):
+    import time
+
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_enormous_text_is_refused_before_it_is_read(server):
+    """A 100,000-character sentence: 413 from the Content-Length alone; the server goes on."""
+    _, url = server
+    status, out = _post(url, {"text": "a b " * 25_000})
+    assert status == 413 and "at most 65536 bytes" in out["error"]
+    assert _post(url, {"text": "a b"})[0] == 200
+
+
+def test_full_queue_answers_503_at_once_and_recovers(bounded):
+    explorer, url, _ = bounded
+    want = explorer.translate({"text": "a b c", "beam": 2, "nbest": 1})["hypotheses"]
+    gate = threading.Event()
+    explorer.worker.submit(gate.wait)  # the model is busy until the gate opens
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        waiting = [pool.submit(_post, url, {"text": "a b c", "beam": 2, "nbest": 1}) for _ in range(2)]
+        _wait(lambda: explorer._pending == 2)
+        status, out, headers = _post_headers(url, {"text": "a b c", "beam": 2, "nbest": 1})
+        assert status == 503 and "busy: 2 translations are waiting" in out["error"] and headers["Retry-After"] == "1"
+        gate.set()
+        for f in waiting:  # the queued ones are answered, correctly
+            status, out = f.result(timeout=60)
+            assert status == 200 and out["hypotheses"] == want
+    assert explorer._pending == 0
+    status, out = _post(url, {"text": "a b c", "beam": 2, "nbest": 1})  # recovered
+    assert status == 200 and out["hypotheses"] == want
+
+
+def test_too_many_connections_get_503_before_their_request_is_read(bounded):
+    import socket
+
+    _, url, port = bounded
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]  # hold every slot
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+            extra.sendall(b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            reply = extra.recv(4096).decode()
+        assert reply.startswith("HTTP/1.1 503") and "too many open connections" in reply
+    finally:
+        for s in idle:
+            s.close()
+
+    def served() -> bool:
+        try:
+            with urllib.request.urlopen(url + "/api/info", timeout=10) as r:
+                return r.status == 200
+        except urllib.error.HTTPError as e:
+            return e.code != 503 and False
+    _wait(served)  # the slots come back as the idle connections close
+
+
+def test_a_burst_of_mixed_requests_gets_only_answers_or_clear_refusals(bounded):
+    """48 clients at once, good and bad requests mixed: each gets the right translation, a 4xx naming the
+    problem, or 503 'busy'; no connection is dropped, and the server answers normally afterwards."""
+    explorer, url, _ = bounded
+    sentences = ["a b c", "h g f e", "b b a", "d e f g h"]
+    alone = {s: explorer.translate({"text": s, "beam": 2, "nbest": 1})["hypotheses"] for s in sentences}
+    bad = [({"text": ""}, 400, "type a sentence"), ({"text": "a", "beam": 99}, 400, "from 1 to 6"),
+           ({"text": "a " * 200}, 400, "limit is 200")]
+    jobs = [({"text": s, "beam": 2, "nbest": 1}, 200, s) for s in sentences] * 9 + bad * 4
+
+    def one(job):
+        try:
+            return job, _post(url, job[0])
+        except OSError as e:  # a dropped connection: a failure of this test
+            return job, (None, {"error": repr(e)})
+
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:
+        results = list(pool.map(one, jobs))
+    counts = {}
+    for (body, expected, key), (status, out) in results:
+        counts[status] = counts.get(status, 0) + 1
+        if status == 503:
+            assert out["error"].startswith("busy")
+        elif expected == 200:
+            assert status == 200 and out["hypotheses"] == alone[key]
+        else:
+            assert status == expected and key in out["error"]
+    assert None not in counts and sum(counts.values()) == len(jobs) and counts.get(200, 0) >= 1
+    assert explorer._pending == 0
+    for s in sentences:  # recovered
+        status, out = _post(url, {"text": s, "beam": 2, "nbest": 1})
+        assert status == 200 and out["hypotheses"] == alone[s]

@@ -476,15 +476,15 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
         _print_config(load_checkpoint(args.checkpoint, which="best", overrides=args.overrides).cfg)
         return 0
-    limits = Limits(args.max_chars, args.max_tokens, args.max_beam, args.max_nbest)
-    for name, value in dataclasses.asdict(limits).items():
+    limits = Limits(args.max_chars, args.max_tokens, args.max_beam, args.max_nbest, args.max_queue)
+    for name, value in {**dataclasses.asdict(limits), "max_connections": args.max_connections}.items():
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     explorer = Explorer(args.checkpoint, args.overrides, limits)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("explore: serving on %s: anyone who can reach this address can use the model (there is no "
                     "authentication)", args.host)
-    serve(explorer, args.host, args.port)
+    serve(explorer, args.host, args.port, args.max_connections)
     return 0
 
 
@@ -689,6 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-tokens", type=int, default=200, help="longest input, in source pieces (default 200)")
     sp.add_argument("--max-beam", type=int, default=16, help="largest beam a request may ask for (default 16)")
     sp.add_argument("--max-nbest", type=int, default=8, help="most hypotheses a request may ask for (default 8)")
+    sp.add_argument("--max-queue", type=int, default=8, help="translations that may wait for the model; more are "
+                    "answered 503 'busy' at once (default 8)")
+    sp.add_argument("--max-connections", type=int, default=64, help="open connections; more are answered 503 "
+                    "before their request is read (default 64)")
     common(sp, inference_help)
     sp.set_defaults(func=cmd_explore)
 

@@ -4,7 +4,7 @@
     make_server(explorer, host, port)    a ThreadingHTTPServer serving the page and the JSON API
     serve(explorer, host, port)          run it until Ctrl-C
 
-HTTP API (JSON in, JSON out; errors are {"error": message} with status 400, 404, 413 or 500):
+HTTP API (JSON in, JSON out; errors are {"error": message} with status 400, 403, 404, 413, 415, 503 or 500):
 
     GET  /                 the page (tformer/web/explorer.html: one file, no network resources)
     GET  /api/info         model shape (kinds, layers, heads), decoding defaults, input limits, examples
@@ -13,7 +13,10 @@ HTTP API (JSON in, JSON out; errors are {"error": message} with status 400, 404,
                                "attention": {kind: [layer][head][query][key]}, "steps"}], "seconds": ...}
 
 Requests are served by threads (several at once); the model runs in one worker thread that takes them in
-turn: PyTorch already uses every core for one request, so on a CPU this is also the fastest order. The server binds 127.0.0.1 unless told otherwise: it has no
+turn: PyTorch already uses every core for one request, so on a CPU this is also the fastest order.
+Load is bounded twice: at most `Limits.max_queue` translations wait for the model (more get 503 with
+Retry-After at once, so memory and latency stay bounded), and at most `max_connections` connections are
+open (more get 503 before their request is read); a client has `_Handler.timeout` seconds to send one. The server binds 127.0.0.1 unless told otherwise: it has no
 authentication, so expose it to a network only behind something that does. Bound to loopback it answers only
 requests addressed to a loopback name (no DNS rebinding), and it takes only application/json posts (a
 cross-site form cannot post to it without the browser asking first, and it never says yes).
@@ -25,6 +28,8 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import re
+import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,6 +59,7 @@ class Limits:
     max_tokens: int = 200  # source pieces after tokenisation
     max_beam: int = 16
     max_nbest: int = 8
+    max_queue: int = 8  # translations waiting for (or in) the model; more are answered 503 at once
 
 
 class Explorer:
@@ -71,6 +77,8 @@ class Explorer:
         self.cfg = cfg
         self.limits = limits
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tformer-model")
+        self._pending = 0  # translations accepted and not yet answered
+        self._lock = threading.Lock()
         self.name = str(checkpoint)
         self.examples = self._examples()
         d = cfg.decode
@@ -152,7 +160,17 @@ class Explorer:
             with torch.inference_mode():
                 return inspect_sentence(self.model, self.ckpt.tokenizers, text, decode, target=target)
 
-        result = self.worker.submit(run).result()
+        with self._lock:
+            if self._pending >= self.limits.max_queue:
+                raise RequestError(f"busy: {self._pending} translations are waiting for the model (the limit is "
+                                   f"{self.limits.max_queue}, --max-queue); retry in a moment",
+                                   HTTPStatus.SERVICE_UNAVAILABLE)
+            self._pending += 1
+        try:
+            result = self.worker.submit(run).result()
+        finally:
+            with self._lock:
+                self._pending -= 1
         waited = started[0] - tic
         hypotheses = []
         for (hyp_text, score, pieces), maps in zip(result.hypotheses, result.maps):
@@ -185,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
     explorer: Explorer  # set on the subclass make_server builds
     loopback_only = True  # answer only requests addressed to a loopback name (set by make_server)
     server_version = "tformer-explore"
-    timeout = 60  # seconds a client may take to send its request
+    timeout = 20  # seconds a client may take to send its request (then the connection is closed)
 
     def _host_ok(self) -> bool:
         if not self.loopback_only:
@@ -203,6 +221,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
+        if status == HTTPStatus.SERVICE_UNAVAILABLE:
+            self.send_header("Retry-After", "1")
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
@@ -259,15 +279,72 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(e).__name__}: {e}"})
 
 
-def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+_BUSY = json.dumps({"error": "busy: too many open connections; retry in a moment"}).encode()
+BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
+                 b"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + str(len(_BUSY)).encode() +
+                 b"\r\n\r\n" + _BUSY)
+
+
+def _refuse(sock, deadline: float = 0.5) -> None:
+    """Answer 503 on a connection over the limit. The request is read first (headers and Content-Length
+    bytes, at most MAX_BODY + 16 KiB, at most `deadline` seconds: this runs in the accepting thread), so
+    closing does not reset the connection before the client has read the answer."""
+    end = time.monotonic() + deadline
+    data = b""
+    try:
+        while time.monotonic() < end and len(data) < MAX_BODY + (16 << 10):
+            head, sep, body = data.partition(b"\r\n\r\n")
+            if sep:
+                m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                if len(body) >= min(int(m.group(1)) if m else 0, MAX_BODY):
+                    break
+            sock.settimeout(max(end - time.monotonic(), 0.01))
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        sock.sendall(BUSY_RESPONSE)
+    except OSError:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` at once: the next one gets 503 and is closed
+    before its request is read (a flood of clients cannot exhaust threads or memory)."""
+
+    daemon_threads = True
+    request_queue_size = 128  # listen backlog: a burst waits in the kernel instead of being refused
+
+    def __init__(self, address, handler, max_connections: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            _refuse(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000,
+                max_connections: int = 64) -> ThreadingHTTPServer:
     handler = type("Handler", (_Handler,), {"explorer": explorer, "loopback_only": host in LOOPBACK})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return _Server((host, port), handler, max_connections)
 
 
-def serve(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -> None:
-    server = make_server(explorer, host, port)
+def serve(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000, max_connections: int = 64) -> None:
+    server = make_server(explorer, host, port, max_connections)
     shown = host if ":" not in host else f"[{host}]"
     print(f"tformer explore: serving {explorer.name} at http://{shown}:{server.server_port}/  (Ctrl-C stops)",
           flush=True)

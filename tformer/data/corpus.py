@@ -54,6 +54,12 @@ def read_lines(path: str | Path) -> list[str]:
 
 def decode_lines(raw: bytes, where: str) -> list[str]:
     """The lines of UTF-8 bytes (`where` names them in messages: a path, 'standard input')."""
+    nul = raw.find(b"\0")  # before decoding: a binary file is 'not text' rather than 'not UTF-8'
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul) + 1
+        raise ValueError(f"{where}, line {line}: a NUL byte; this is not a text file "
+                         "(a binary, a compressed format other than gzip, or UTF-16); give UTF-8 text, one "
+                         "sentence per line")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -62,11 +68,6 @@ def decode_lines(raw: bytes, where: str) -> list[str]:
         raise ValueError(f"{where}, line {line}, byte {col} of the line: not valid UTF-8 "
                          f"({raw[e.start:e.start + 1]!r}); convert it to UTF-8 "
                          f"(e.g. iconv -f latin1 -t utf-8)") from None
-    nul = text.find("\0")
-    if nul >= 0:
-        raise ValueError(f"{where}, line {text.count(chr(10), 0, nul) + 1}: a NUL byte; this is not a text file "
-                         "(a binary, a compressed format other than gzip, or UTF-16); give UTF-8 text, one "
-                         "sentence per line")
     if text.startswith("\ufeff"):
         text = text[1:]
     lines = text.split("\n")

@@ -519,8 +519,9 @@ def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context):
                 n_params = sum(p.numel() for p in build_model(cfg.model, len(data.src_vocab),
                                                                len(data.tgt_vocab)).parameters())
             check_room(run_dir, n_params, cfg.train.keep_last)  # before anything is written
-            run_dir.mkdir(parents=True, exist_ok=True)
-            save_tokenizers(data.tokenizers, run_dir)
+            if ckpt is None:  # a resumed run has them already
+                run_dir.mkdir(parents=True, exist_ok=True)
+                save_tokenizers(data.tokenizers, run_dir)
         except Exception as e:
             distributed.broadcast_object(ctx, f"{type(e).__name__}: {e}")
             raise
