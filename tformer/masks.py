@@ -129,11 +129,16 @@ def _segment_edges(seg: Segments) -> tuple[Tensor, Tensor, Tensor]:
     span = int(seg.k_len.max()) + 1
     for shape in torch.unique(seg.q_len * span + seg.k_len).tolist():  # one template per distinct shape
         lq, lk = divmod(shape, span)
+        if lq == 0 or lk == 0:  # an empty sentence: no pairs
+            continue
         rows = ((seg.q_len == lq) & (seg.k_len == lk)).nonzero()[:, 0]  # (n,)
         i, j = seg.pattern(lq, lk).to(seg.q_len.device).unbind(1)  # (E_s,) each
         queries.append((seg.q_start[rows, None] + i[None]).reshape(-1))
         keys.append((seg.k_start[rows, None] + j[None]).reshape(-1))
         segments.append(rows.repeat_interleave(i.numel()))
+    if not queries:
+        none = torch.zeros(0, dtype=torch.long, device=seg.q_len.device)
+        return none, none, none
     return torch.cat(queries), torch.cat(keys), torch.cat(segments)
 
 

@@ -161,10 +161,11 @@ def save_checkpoint(
             shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of a crash, if any
             os.rename(tmp, final)
             _fsync_dir(root)
-        except OSError as e:  # a full disk, a vanished folder: the previous checkpoint is untouched
+        except (OSError, SafetensorError) as e:  # a full disk, a vanished folder: the previous one is untouched
             shutil.rmtree(tmp, ignore_errors=True)
             previous = _pointer(root, "latest")
-            raise CheckpointError(f"could not write checkpoint {final} ({e.strerror or e}); "
+            why = getattr(e, "strerror", None) or str(e)
+            raise CheckpointError(f"could not write checkpoint {final} ({why}); "
                                   + (f"the previous one, {root / previous}, is intact: " if previous else "")
                                   + "free space (or fix the folder) and continue with --resume") from None
     try:

@@ -361,8 +361,12 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
     def write(record: dict[str, Any]) -> None:
         if not ctx.main:
             return
-        metrics_log.write(json.dumps(record) + "\n")
-        metrics_log.flush()
+        try:
+            metrics_log.write(json.dumps(record) + "\n")
+            metrics_log.flush()
+        except OSError as e:
+            raise TrainingError(f"could not write {run_dir / 'metrics.jsonl'} at step {step} ({e.strerror or e}); "
+                                "the last checkpoint is intact: free space and continue with --resume") from None
         if board is not None:
             for key, value in record.items():
                 if key not in ("kind", "step") and isinstance(value, (int, float)):
@@ -370,7 +374,13 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
             board.flush()
 
     def checkpoint(metrics: dict[str, Any] | None) -> Path:
-        """Every process calls this (their random states are gathered); rank 0 writes."""
+        """Every process calls this (their random states are gathered); rank 0 writes. Weights that are no
+        longer finite are never saved over the last good checkpoint."""
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise TrainingError(f"training stopped at step {step}: the weights are no longer finite (an update "
+                                "with a finite gradient overflowed them: the learning rate is far too high); "
+                                f"nothing was saved, the last checkpoint in {run_dir / 'checkpoints'} is intact. "
+                                "Lower train.lr and continue with --resume")
         best = False
         if metrics is not None and _better(metrics, state["best"]):
             state["best"], state["best_step"], best = metrics, step, True
@@ -502,7 +512,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
             return TrainResult(run_dir, path, step, state["best"], state["elapsed"], False, interrupted=True)
         if last_eval_step != step:
             run_eval()
-    latest = checkpoint(None)
+        latest = checkpoint(None)  # still under the Ctrl-C guard: a Ctrl-C now lets it finish
     return TrainResult(run_dir, latest, step, state["best"], state["elapsed"], state["reached_target"])
 
 

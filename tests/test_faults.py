@@ -1,0 +1,346 @@
+"""Faults during training: kill -9 at random moments and inside every stage of a checkpoint write, Ctrl-C,
+a full disk, a read-only folder, NaN/inf losses.
+
+Oracle for the crash tests: an uninterrupted run of the same configuration (deterministic mode). After any
+number of kills and resumes, the metrics of every update (loss, nll, accuracy, learning rate), of every
+evaluation, and the final weights equal the uninterrupted run's bit for bit: no batch was skipped or repeated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tformer.data import Vocab
+from tformer.model import build_model
+from tformer.train import loop
+from tformer.train.checkpoint import CheckpointError, check_room, load_checkpoint
+from tformer.train.loop import TrainingError, build_optimizer, train
+
+from conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["--config", "configs/copy.yaml", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
+       "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0.1", "data.symbols=6",
+       "data.length_mean=5", "data.max_len=8", "data.train_size=200", "data.valid_size=20", "data.test_size=20",
+       "train.max_tokens=128", "train.epochs=100", "train.max_steps=60", "train.log_every=1", "train.save_every=3",
+       "train.eval_every=20", "train.keep_last=2", "train.threads=1", "train.deterministic=true",
+       "train.target_exact_match=0", "--no-progress"]
+
+# A child that runs the command line, killing itself with SIGKILL at the K-th checkpoint-writing event of
+# its life: before the call, or, for safetensors files, after writing half of the file.
+KILLER = r"""
+import os, signal, sys
+from tformer.train import checkpoint as ck
+K, n = int(os.environ["TFORMER_TEST_KILL_AT"]), [0]
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+def event():
+    n[0] += 1
+    return n[0] == K
+def wrap(name):
+    real = getattr(ck, name)
+    def f(*a, **k):
+        if event():
+            if name == "save_file":  # half a file on disk, then death
+                real(*a, **k)
+                path = a[1]
+                with open(path, "r+b") as fh:
+                    fh.truncate(os.path.getsize(path) // 2)
+            die()
+        return real(*a, **k)
+    setattr(ck, name, f)
+for name in ("save_file", "save_config", "save_tokenizers", "_fsync_write", "_replace_text", "_prune"):
+    wrap(name)
+real_rename = ck.os.rename
+class Os:
+    def __getattr__(self, a):
+        return getattr(os, a)
+    @staticmethod
+    def rename(*a):
+        if event():
+            die()
+        return real_rename(*a)
+ck.os = Os()
+from tformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+EVENTS_PER_WRITE = 8  # save_file x2, save_config, save_tokenizers, _fsync_write, rename, _replace_text, _prune
+
+
+def _start(run: Path, resume: bool, kill_at: int | None = None) -> subprocess.Popen:
+    args = ["train", "--run-dir", str(run), *RUN, *(["--resume"] if resume else [])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if kill_at is None:
+        cmd = [sys.executable, "-m", "tformer", *args]
+    else:
+        cmd = [sys.executable, "-c", KILLER, *args]
+        env["TFORMER_TEST_KILL_AT"] = str(kill_at)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _records(run: Path) -> list[dict]:
+    out = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        for k in ("elapsed", "tok_per_s", "eval_seconds"):  # wall-clock figures differ run to run
+            r.pop(k, None)
+        out.append(r)
+    return out
+
+
+def _final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(load_checkpoint(run, "latest").path / "model.safetensors"))
+
+
+def _check_latest_loads(run: Path) -> int | None:
+    """The last checkpoint loads completely (weights, optimizer, RNG) whenever one exists; its step."""
+    root = run / "checkpoints"
+    if not root.is_dir() or not any(p.name.startswith("step_") and (p / "trainer.json").exists()
+                                    for p in root.iterdir()):
+        return None
+    ckpt = load_checkpoint(run, "latest")
+    model = build_model(ckpt.cfg.model, len(ckpt.tokenizers[0].vocab), len(ckpt.tokenizers[1].vocab))
+    ckpt.load_model_state(model)
+    ckpt.load_training_state(build_optimizer(model, ckpt.cfg))
+    return ckpt.trainer["step"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("crash") / "straight"
+    p = _start(run, resume=False)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    return run
+
+
+def _finish_and_compare(run: Path, reference: Path) -> None:
+    p = _start(run, resume=True)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert _records(run) == _records(reference)
+    want, got = _final_weights(reference), _final_weights(run)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_kill_inside_every_stage_of_a_checkpoint_write_then_resume(tmp_path, reference):
+    run = tmp_path / "run"
+    steps = []
+    for k in range(1, EVENTS_PER_WRITE + 2):  # each process dies in its own first write, at stage k (k=9: best)
+        p = _start(run, resume=k > 1, kill_at=k)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == -signal.SIGKILL, err
+        steps.append(_check_latest_loads(run))
+    assert steps[0] is None  # died before its first checkpoint was complete: --resume restarts from zero
+    assert any(s is not None for s in steps)
+    _finish_and_compare(run, reference)
+
+
+def test_kill_9_and_ctrl_c_at_random_moments_then_resume(tmp_path, reference):
+    """Kill the run at random moments and resume, until it completes: mostly SIGKILL a random 0-0.6 s after
+    training is under way (an update, an evaluation or a checkpoint write), every 5th cycle SIGKILL during
+    start-up, every 5th SIGINT (Ctrl-C) during training."""
+    rng = random.Random(int(os.environ.get("TFORMER_TEST_SEED", "0")))
+    run = tmp_path / "run"
+    outcomes = []
+    while True:
+        cycle = len(outcomes)
+        p = _start(run, resume=run.exists())
+        sig = signal.SIGINT if cycle % 5 == 3 else signal.SIGKILL
+        if cycle % 5 == 1:
+            time.sleep(rng.uniform(0.5, 3.0))  # start-up: imports, data, tokenizers, the checkpoint load
+        else:
+            for line in p.stderr:  # training under way
+                if " step " in line and " loss " in line:
+                    break
+            time.sleep(rng.uniform(0.0, 0.6))
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(sig)
+        _, err = p.communicate(timeout=300)
+        outcomes.append((sig.name, p.returncode, _check_latest_loads(run)))
+        if p.returncode == 0:
+            break
+        if p.returncode == -signal.SIGINT and outcomes[-1][2] == 60:  # Ctrl-C as the finished run exits
+            continue
+        assert p.returncode in (-signal.SIGKILL, 130), (outcomes, err[-3000:])  # killed, or stopped by Ctrl-C
+        if sig == signal.SIGINT:  # during training: saved a checkpoint; during start-up: stopped, nothing begun
+            assert ("saved" in err and "--resume" in err) or err.rstrip().endswith("tformer train: interrupted"), \
+                (outcomes, err[-3000:])
+        assert cycle < 40, outcomes
+    assert sum(rc == -signal.SIGKILL for _, rc, _ in outcomes) >= 3, outcomes
+    assert _records(run) == _records(reference), outcomes
+    want, got = _final_weights(reference), _final_weights(run)
+    assert all(torch.equal(want[k], got[k]) for k in want), outcomes
+
+
+# ------------------------------------------------------------------------------------------ disks
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, read_only: bool = False):
+    """A real small (or read-only) filesystem; skips where mounting is not allowed (not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    opts = f"size={size}" + (",ro" if read_only else "")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _small(**train_kw):
+    cfg = tiny_config()
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train_kw))
+
+
+def test_a_full_disk_is_detected_before_training(tmp_path):
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        with pytest.raises(CheckpointError, match=r"disk has 1\.0 MiB free, but this run needs about .* keeps up "
+                                                  r"to 5 checkpoints .*lower train\.keep_last"):
+            train(_small(), disk / "run")
+        assert list(disk.iterdir()) == []  # nothing written
+
+
+def test_a_read_only_folder_is_detected_before_training(tmp_path):
+    with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+        with pytest.raises(CheckpointError, match=r"cannot write into .*ro \(Read-only file system\).*--run-dir"):
+            train(_small(), ro / "run")
+
+
+def test_a_run_folder_under_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="file is a file, not a folder"):
+        train(_small(), tmp_path / "file" / "run")
+
+
+def test_room_check_counts_every_kept_checkpoint(tmp_path, monkeypatch):
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    n = 1_000_000  # 12 MB per checkpoint
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=16 * 2**20 + 5 * 12 * n - 1))
+    with pytest.raises(CheckpointError, match="keeps up to 5 checkpoints of 11.4 MiB"):
+        check_room(tmp_path / "run", n, keep_last=3)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=16 * 2**20 + 5 * 12 * n))
+    check_room(tmp_path / "run", n, keep_last=3)  # exactly enough
+
+
+def test_the_disk_filling_up_mid_run_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    """A real ENOSPC after the first checkpoint: a clear error, the first checkpoint intact and `latest` still
+    naming it, no temporary folder left; after space is freed, resume finishes the run."""
+    with tmpfs(tmp_path / "disk", "24m") as disk:
+        real = loop.save_checkpoint
+        calls = []
+
+        def then_fill(*a, **k):
+            path = real(*a, **k)
+            calls.append(path)
+            if len(calls) == 1:  # fill the disk right after the first checkpoint
+                with open(disk / "filler", "wb", buffering=0) as f:
+                    for chunk in (1 << 20, 4096, 1):  # to the last byte
+                        with contextlib.suppress(OSError):
+                            while True:
+                                f.write(b"\0" * chunk)
+            return path
+
+        monkeypatch.setattr(loop, "save_checkpoint", then_fill)
+        cfg = _small(epochs=2, save_every=3, log_every=1)
+        with pytest.raises(ValueError, match=r"could not write .*No space left on device.*intact.*--resume"):
+            train(cfg, disk / "run")  # the checkpoint, or a metrics line before it, whichever needs space first
+        root = disk / "run" / "checkpoints"
+        assert (root / "latest").read_text().strip() == "step_0000003"
+        assert not [p for p in root.iterdir() if p.name.startswith(".tmp")]
+        assert load_checkpoint(disk / "run", "latest").trainer["step"] == 3
+        (disk / "filler").unlink()
+        monkeypatch.setattr(loop, "save_checkpoint", real)
+        assert train(cfg, disk / "run", resume=True).step > 3
+
+
+# ------------------------------------------------------------------------------------------ NaN / inf
+
+
+def _poison(monkeypatch, bad_calls: set[int]):
+    """train_step_loss returning a NaN loss on the given calls (1-based), as a corrupt batch or an overflow
+    would; the parameters before and after each update are recorded."""
+    real, n = loop.train_step_loss, [0]
+
+    def poisoned(model, batch, eps, ponder_weight=0.0):
+        n[0] += 1
+        out = real(model, batch, eps, ponder_weight)
+        if n[0] in bad_calls:
+            return out._replace(loss=out.loss * float("nan"))
+        return out
+
+    monkeypatch.setattr(loop, "train_step_loss", poisoned)
+    seen = []
+    real_update = loop._update
+
+    def update(model, optimizer, *a, **k):
+        before = [p.detach().clone() for p in model.parameters()]
+        ok = real_update(model, optimizer, *a, **k)
+        seen.append((ok, before, [p.detach().clone() for p in model.parameters()],
+                     float(optimizer.state[next(iter(model.parameters()))].get("step", 0))))
+        return ok
+
+    monkeypatch.setattr(loop, "_update", update)
+    return seen
+
+
+def test_a_nan_update_is_skipped_with_a_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    seen = _poison(monkeypatch, {3})
+    with caplog.at_level("WARNING", logger="tformer"):
+        result = train(_small(max_steps=6, log_every=1), tmp_path / "run")
+    assert result.step == 6
+    assert [ok for ok, *_ in seen] == [True, True, False, True, True, True]
+    ok, before, after, adam_step = seen[2]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))  # weights untouched by the skipped update
+    assert adam_step == 2 and seen[3][3] == 3  # nor Adam's step count
+    assert "step 3: the loss or the gradients are NaN/inf; update skipped" in caplog.text
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["loss"] == r["loss"] for r in records if "loss" in r)  # no NaN logged
+    assert next(r for r in records if r["kind"] == "train" and r["step"] == 4)["skipped"] == 1
+    assert load_checkpoint(tmp_path / "run", "latest").trainer["skipped_updates"] == 1
+
+
+def test_k_nan_updates_in_a_row_stop_with_a_message_and_a_finite_checkpoint(tmp_path, monkeypatch):
+    _poison(monkeypatch, {4, 5, 6})
+    with pytest.raises(TrainingError, match=r"stopped at step 6: the loss or the gradients were NaN/inf in 3 "
+                                            r"updates in a row \(steps 4-6\).*saved .*step_0000006.*train\.lr"):
+        train(_small(max_steps=20, max_bad_updates=3), tmp_path / "run")
+    ckpt = load_checkpoint(tmp_path / "run", "latest")
+    assert ckpt.trainer["step"] == 6 and ckpt.trainer["bad_updates"] == 3
+    weights = load_file(str(ckpt.path / "model.safetensors"))
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+
+
+def test_weights_that_went_non_finite_are_not_saved_over_the_last_checkpoint(tmp_path):
+    """A real blow-up: resumed with a learning rate beyond float32 (and no clipping), one update drives the
+    weights to inf/NaN; the next checkpoint refuses to save them and `latest` still names the finite one."""
+    cfg = _small(max_steps=2, save_every=1)
+    train(cfg, tmp_path / "run")
+    blown = _small(max_steps=6, save_every=1, clip_norm=0.0, schedule="constant", lr=1e39)
+    with pytest.raises(TrainingError, match=r"stopped at step 3: the weights are no longer finite.*nothing was "
+                                            r"saved.*Lower train\.lr"):
+        train(blown, tmp_path / "run", resume=True)
+    ckpt = load_checkpoint(tmp_path / "run", "latest")
+    assert ckpt.trainer["step"] == 2
+    weights = load_file(str(ckpt.path / "model.safetensors"))
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
