@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 import random
 import re
 import shutil
@@ -389,3 +388,23 @@ def test_training_drops_empty_and_enormous_pairs_and_says_how_many(tmp_path, cap
     log = caplog.text
     assert "kept 297 of 300 training pairs; dropped 2 with an empty side, 1 longer than 128 tokens" in log  # multi30k_en_de.yaml: data.filter_max_len=128
     assert "1 valid pair(s) with an empty side (line 5)" in log
+
+
+def test_the_package_never_unpickles():
+    """No pickle-family import anywhere in tformer/; any torch.load passes weights_only=True and any np.load
+    allow_pickle=False (the oracle: the syntax tree of every module)."""
+    import ast
+
+    for path in sorted((ROOT / "tformer").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                assert not {"pickle", "dill", "joblib", "cloudpickle", "_pickle"} & {str(n).split(".")[0] for n in names}, path
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load":
+                owner = ast.unparse(node.func.value)
+                kw = {k.arg: ast.unparse(k.value) for k in node.keywords}
+                if owner == "torch":
+                    assert kw.get("weights_only") == "True", f"{path}:{node.lineno}"
+                if owner in ("np", "numpy"):
+                    assert kw.get("allow_pickle") == "False", f"{path}:{node.lineno}"

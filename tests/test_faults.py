@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import os
 import random
@@ -24,7 +23,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tformer.data import Vocab
 from tformer.model import build_model
 from tformer.train import loop
 from tformer.train.checkpoint import CheckpointError, check_room, load_checkpoint

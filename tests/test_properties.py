@@ -13,7 +13,6 @@ import gzip
 import json
 import os
 import string
-from pathlib import Path
 
 import pytest
 import torch

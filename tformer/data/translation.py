@@ -123,7 +123,7 @@ def encode_split(cfg: DataConfig, split: str, corpus: Corpus, tokenizers: tuple[
     path = cache_dir() / "encoded" / f"{key}.npz"
     if path.exists():
         try:
-            with np.load(path) as z:
+            with np.load(path, allow_pickle=False) as z:
                 src, tgt, keep = _unpack(z["src"], z["src_off"]), _unpack(z["tgt"], z["tgt_off"]), z["keep"].tolist()
             if len(src) == len(corpus):
                 log.info("%s: %d encoded pairs from the cache %s", split, len(keep), path)
