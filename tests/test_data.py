@@ -90,5 +90,5 @@ def test_text_task_reads_files_and_reports_errors(tmp_path):
     with pytest.raises(ValueError, match=r"valid.tgt, line 2: empty line"):
         load_task(DataConfig(task="text", dir=str(tmp_path)))
     (tmp_path / "valid.tgt").write_bytes(b"x y\nz \xff\n")
-    with pytest.raises(ValueError, match=r"valid.tgt, line 2: not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"valid.tgt, line 2, byte 3 of the line: not valid UTF-8"):
         load_task(DataConfig(task="text", dir=str(tmp_path)))
