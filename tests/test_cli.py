@@ -114,6 +114,28 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     assert f"resumed from {run / 'checkpoints' / latest} (step {step}," in r.stderr
 
 
+def test_an_over_long_line_typed_at_a_terminal_is_refused_and_the_session_goes_on(run_dir):
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "tformer", "translate", "--checkpoint", str(run_dir),
+                          "--max-source-tokens", "3"], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.close(slave)
+    try:
+        os.write(master, b"a b c d e\n")
+        first = p.stdout.readline()
+        os.write(master, b"a b\n")
+        second = p.stdout.readline()
+        os.write(master, b"\x04")
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill() if p.poll() is None else None
+        os.close(master)
+    assert first == "\n" and second.strip()  # refused with an empty line, then the next one is translated
+    assert "standard input, line 1: 5 source pieces (9 characters), more than --max-source-tokens 3" in p.stderr.read()
+
+
 def test_translate_answers_line_by_line_on_a_terminal(run_dir):
     """stdin a terminal: each line is translated as soon as it is typed, before end of input."""
     import pty

@@ -59,3 +59,13 @@ def test_only_inference_settings_change_after_training():
         check_inference_overrides(["model.d_model=8"])
     with pytest.raises(ConfigError, match="not of the form"):
         check_inference_overrides(["decode"])
+
+
+def test_exponent_notation_without_a_dot_is_a_number(tmp_path):
+    """YAML 1.1 (PyYAML) reads `1e-4` as a string; for float keys it is the number users mean."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 5e-4\n  adam_eps: 1E-9\n")
+    cfg = load_config(path, ["decode.len_penalty=+6e-1"])
+    assert (cfg.train.lr, cfg.train.adam_eps, cfg.decode.len_penalty) == (5e-4, 1e-9, 0.6)
+    with pytest.raises(ConfigError, match="'train.lr': must be a number, got '5e-4x'"):
+        load_config(path, ["train.lr=5e-4x"])

@@ -91,3 +91,20 @@ def test_a_data_error_on_rank_0_stops_every_process(tmp_path):
     assert proc.returncode != 0
     assert "rank 0 could not read the data" in proc.stderr  # rank 1 says why it stopped
     assert not (tmp_path / "run").exists()
+
+
+def test_non_finite_updates_stop_every_process_together(tmp_path):
+    """A real blow-up under torchrun: resumed with a learning rate beyond float32, one update sends the weights
+    to inf on both processes; the next updates' loss is NaN on both (the summed statistics agree), they are
+    skipped, and after train.max_bad_updates both processes stop with the message: no hang, nothing saved over
+    the last finite checkpoint."""
+    cfg = _cfg(max_steps=2, epochs=5, save_every=1)
+    save_config(cfg, tmp_path / "c.yaml")
+    assert _torchrun(tmp_path / "c.yaml", tmp_path / "run").returncode == 0
+    proc = _torchrun(tmp_path / "c.yaml", tmp_path / "run", "--resume", "train.max_steps=20", "train.save_every=0",
+                     "train.eval_every=100", "train.lr=1e39", "train.schedule=constant", "train.clip_norm=0",
+                     "train.max_bad_updates=2")
+    assert proc.returncode != 0
+    assert "NaN/inf in 2 updates in a row (steps 4-5)" in proc.stderr
+    assert "no longer finite, so nothing was saved" in proc.stderr
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step_0000002"

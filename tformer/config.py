@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
+
+
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 class ConfigError(ValueError):
@@ -327,6 +331,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; it is meant as a number
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
                f"must be a number, got {value!r}")
         return float(value)
