@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import statistics
 import subprocess
 import sys
 import threading
