@@ -312,6 +312,26 @@ def tampered_optimizer_state(tmp, trained):
 
 
 @case
+def tampered_trainer_state(tmp, trained):
+    run = Path(shutil.copytree(trained, tmp / "run"))
+    info = json.loads((latest(run) / "trainer.json").read_text())
+    (latest(run) / "trainer.json").write_text(json.dumps({**info, "update_in_epoch": "7; rm -rf /"}))
+    return ["train", "--run-dir", run, "--resume"], b"", ["trainer.json: 'update_in_epoch' is '7; rm -rf /', not a "
+                                                          "whole number"]
+
+
+@case
+def tampered_latest_pointer(tmp, trained):
+    run = Path(shutil.copytree(trained, tmp / "run"))
+    shutil.copytree(latest(run), tmp / "elsewhere")  # a complete checkpoint, outside the run's folder
+    (run / "checkpoints" / "latest").write_text("../../elsewhere\n")
+    (run / "checkpoints" / "best").write_text("../../elsewhere\n")
+    for p in (run / "checkpoints").glob("step_*"):
+        (p / "model.safetensors").unlink()  # only a checkpoint outside the folder could then load
+    return _translate(run), b"a cat\n", ["model.safetensors: cannot be read as safetensors"]
+
+
+@case
 def yaml_with_python_tag(tmp, trained):
     ckpt = _ckpt_copy(tmp, trained)
     (ckpt / "config.yaml").write_text("!!python/object/apply:os.system ['touch pwned']\n")

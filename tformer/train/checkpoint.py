@@ -215,10 +215,13 @@ def check_room(run_dir: str | Path, n_params: int, keep_last: int) -> None:
 
 
 def _pointer(root: Path, which: str) -> str | None:
+    """The checkpoint folder `latest`/`best` names; None when missing, unreadable, or not a step_N name (a
+    damaged or tampered pointer never leads outside the checkpoints folder)."""
     try:
-        return (root / which).read_text(encoding="utf-8").strip() or None
-    except FileNotFoundError:
+        name = (root / which).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
         return None
+    return name if STEP_DIR.match(name) else None
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -386,6 +389,11 @@ def _check_optimizer_tensors(file: Path, tensors: dict[str, Tensor], groups: Any
                               "damaged or from another model")
 
 
+TRAINER_FIELDS = {"epoch": int, "update_in_epoch": int, "bad_evals": int, "world_size": int, "bad_updates": int,
+                  "skipped_updates": int, "elapsed": (int, float), "param_groups": list}
+TRAINER_KINDS = {int: "whole number >= 0", (int, float): "number", list: "list"}
+
+
 def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()) -> Checkpoint:
     ckpt = resolve_checkpoint(path, which)
     try:
@@ -397,6 +405,11 @@ def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] 
     if not isinstance(info.get("version"), int) or not isinstance(info.get("step"), int) or info["step"] < 0:
         raise CheckpointError(f"{ckpt / 'trainer.json'}: 'version' and 'step' must be whole numbers >= 0; the file "
                               "is damaged or tampered")
+    for key, kind in TRAINER_FIELDS.items():
+        if key in info and (not isinstance(info[key], kind) or isinstance(info[key], bool)
+                            or (kind is int and info[key] < 0)):
+            raise CheckpointError(f"{ckpt / 'trainer.json'}: '{key}' is {info[key]!r}, not a {TRAINER_KINDS[kind]}; "
+                                  "the file is damaged or tampered (use an earlier checkpoint)")
     if info["version"] > FORMAT_VERSION:
         raise CheckpointError(f"{ckpt} has format version {info['version']}, newer than this tformer "
                               f"reads ({FORMAT_VERSION}); upgrade tformer")
