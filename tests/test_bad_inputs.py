@@ -428,3 +428,21 @@ def test_the_package_never_unpickles():
                     assert kw.get("weights_only") == "True", f"{path}:{node.lineno}"
                 if owner in ("np", "numpy"):
                     assert kw.get("allow_pickle") == "False", f"{path}:{node.lineno}"
+
+
+def test_an_unwritable_cache_only_costs_time(tmp_path, monkeypatch, caplog):
+    """The encoded-data cache under a path that cannot be created: a warning, and the same data as with a
+    working cache."""
+    from tformer.config import DataConfig
+    from tformer.data import load_task
+
+    data = write_corpus(tmp_path / "data")
+    cfg = DataConfig(task="translation", dir=str(data), train_prefix="train", valid_prefix="valid",
+                     test_prefix="test", vocab_size=60)
+    good = load_task(cfg, ("train", "valid"))
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("TFORMER_CACHE", str(tmp_path / "file" / "cache"))
+    with caplog.at_level("WARNING", logger="tformer"):
+        again = load_task(cfg, ("train", "valid"), tokenizers=good.tokenizers)
+    assert again.examples == good.examples
+    assert "could not cache the encoded train split" in caplog.text and "going on without the cache" in caplog.text

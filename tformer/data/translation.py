@@ -142,9 +142,14 @@ def encode_split(cfg: DataConfig, split: str, corpus: Corpus, tokenizers: tuple[
                              "or raise data.filter_max_len / data.filter_max_ratio")
     else:
         keep = list(range(len(src)))
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}-{os.getpid()}.npz")
     (s_flat, s_off), (t_flat, t_off) = _pack(src), _pack(tgt)
-    np.savez(tmp, src=s_flat, src_off=s_off, tgt=t_flat, tgt_off=t_off, keep=np.asarray(keep, dtype=np.int64))
-    os.replace(tmp, path)
+    try:  # the cache only saves time: a read-only or full cache folder must not stop the run
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(tmp, src=s_flat, src_off=s_off, tgt=t_flat, tgt_off=t_off, keep=np.asarray(keep, dtype=np.int64))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        log.warning("could not cache the encoded %s split in %s (%s); going on without the cache (set "
+                    "TFORMER_CACHE to a writable folder to keep it)", split, path.parent, e.strerror or e)
     return [(src[i], tgt[i]) for i in keep], keep
