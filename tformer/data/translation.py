@@ -7,6 +7,7 @@ normalisation, the split settings, the tokenizer model and the filter settings.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -149,7 +150,8 @@ def encode_split(cfg: DataConfig, split: str, corpus: Corpus, tokenizers: tuple[
         np.savez(tmp, src=s_flat, src_off=s_off, tgt=t_flat, tgt_off=t_off, keep=np.asarray(keep, dtype=np.int64))
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         log.warning("could not cache the encoded %s split in %s (%s); going on without the cache (set "
                     "TFORMER_CACHE to a writable folder to keep it)", split, path.parent, e.strerror or e)
     return [(src[i], tgt[i]) for i in keep], keep
