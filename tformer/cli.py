@@ -257,7 +257,8 @@ def _output(path: str | None):
             yield f
         os.replace(tmp, final)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # gone (renamed), or never made
+            tmp.unlink()
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ atomically: a crash at any moment leaves the previous checkpoint and pointer int
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -63,7 +64,8 @@ def _replace_text(path: Path, text: str) -> None:
         _fsync_write(tmp, text.encode("utf-8"))
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # gone (renamed), or never made
+            tmp.unlink()
     _fsync_dir(path.parent)
 
 
