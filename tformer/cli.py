@@ -248,17 +248,12 @@ def _output(path: str | None):
     if not path:
         yield sys.stdout
         return
-    final = Path(path)
-    if final.is_dir():
+    from tformer.files import replace_atomically
+
+    if Path(path).is_dir():
         raise ValueError(f"--output {path} is a folder; give a file name")
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            yield f
-        os.replace(tmp, final)
-    finally:
-        with contextlib.suppress(OSError):  # gone (renamed), or never made
-            tmp.unlink()
+    with replace_atomically(path) as f:
+        yield f
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import re
 import types
 import typing
@@ -449,7 +448,7 @@ def check_inference_overrides(overrides: list[str]) -> None:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write `cfg` as YAML under a temporary name, then rename it into place (never half a file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
+    from tformer.files import replace_atomically
+
+    with replace_atomically(path) as f:
+        f.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -15,7 +15,6 @@ atomically: a crash at any moment leaves the previous checkpoint and pointer int
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from tformer.config import Config, ConfigError, load_config, save_config
 from tformer.data.speech import CharTokenizer, FrameInput
 from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
+from tformer.files import replace_atomically
 
 Tokenizers = tuple[Tokenizer, Tokenizer]
 
@@ -58,14 +58,9 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 
 def _replace_text(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically (temporary file, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        _fsync_write(tmp, text.encode("utf-8"))
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):  # gone (renamed), or never made
-            tmp.unlink()
+    """Write `text` to `path` atomically and durably (temporary file, fsync, rename, fsync of the folder)."""
+    with replace_atomically(path, fsync=True) as f:
+        f.write(text)
     _fsync_dir(path.parent)
 
 

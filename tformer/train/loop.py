@@ -373,10 +373,13 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
                     board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
             board.flush()
 
+    def finite_weights() -> bool:
+        return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+
     def checkpoint(metrics: dict[str, Any] | None) -> Path:
         """Every process calls this (their random states are gathered); rank 0 writes. Weights that are no
         longer finite are never saved over the last good checkpoint."""
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        if not finite_weights():
             raise TrainingError(f"training stopped at step {step}: the weights are no longer finite (an update "
                                 "with a finite gradient overflowed them: the learning rate is far too high); "
                                 f"nothing was saved, the last checkpoint in {run_dir / 'checkpoints'} is intact. "
@@ -407,9 +410,9 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
             return
         why = (f"training stopped at step {at}: the loss or the gradients were NaN/inf in {n} updates in a row "
                f"(steps {at - n + 1}-{at}), each skipped. ")
-        if all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        if finite_weights():
             path = checkpoint(None)
-            why += (f"The weights are still finite (from before those updates): saved {path}. ")
+            why += f"The weights are still finite (from before those updates): saved {path}. "
         else:
             why += (f"The weights themselves are no longer finite, so nothing was saved; the last checkpoint in "
                     f"{run_dir / 'checkpoints'} is intact. ")

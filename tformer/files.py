@@ -1,0 +1,26 @@
+"""Writing files so that a crash, a full disk or Ctrl-C never leaves half of one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import IO, Iterator
+
+
+@contextlib.contextmanager
+def replace_atomically(path: str | Path, fsync: bool = False) -> Iterator[IO[str]]:
+    """A UTF-8 text file opened under a temporary name beside `path`, renamed over `path` when the block ends
+    without error (after an fsync when asked); on any error it is removed and `path` stays as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):  # gone (renamed), or never made
+            tmp.unlink()
