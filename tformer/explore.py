@@ -16,10 +16,12 @@ Requests are served by threads (several at once); the model runs in one worker t
 turn: PyTorch already uses every core for one request, so on a CPU this is also the fastest order.
 Load is bounded twice: at most `Limits.max_queue` translations wait for the model (more get 503 with
 Retry-After at once, so memory and latency stay bounded), and at most `max_connections` connections are
-open (more get 503 before their request is read); a client has `_Handler.timeout` seconds to send one. The server binds 127.0.0.1 unless told otherwise: it has no
-authentication, so expose it to a network only behind something that does. Bound to loopback it answers only
-requests addressed to a loopback name (no DNS rebinding), and it takes only application/json posts (a
-cross-site form cannot post to it without the browser asking first, and it never says yes).
+open (more get 503 before their request is read); a client has `_Handler.timeout` seconds to send one.
+
+The server binds 127.0.0.1 unless told otherwise: it has no authentication, so expose it to a network only
+behind something that does. Bound to loopback it answers only requests addressed to a loopback name (no DNS
+rebinding), and it takes only application/json posts (a cross-site form cannot post to it without the
+browser asking first, and it never says yes).
 """
 
 from __future__ import annotations

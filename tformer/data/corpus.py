@@ -1,9 +1,9 @@
 """Raw parallel corpora: two aligned files (plain or gzip) or one tab-separated file.
 
 Every reader fails on the first problem with the file and line: invalid UTF-8, a NUL byte (not a text file),
-a truncated gzip stream, files of different lengths, a TSV line with too few fields. Text is normalised (NFC, no-break spaces to spaces, runs of whitespace to
-one space) before anything else sees it. Filtering of training pairs lives in `filter_pairs` and reports
-how many pairs it dropped and why.
+a truncated gzip stream, files of different lengths, a TSV line with too few fields. Text is normalised
+(NFC, no-break spaces to spaces, runs of whitespace to one space) before anything else sees it. Filtering
+of training pairs lives in `filter_pairs` and reports how many pairs it dropped and why.
 """
 
 from __future__ import annotations
