@@ -361,11 +361,8 @@ def _check_optimizer_tensors(file: Path, tensors: dict[str, Tensor], groups: Any
                              optimizer: torch.optim.Optimizer) -> None:
     """The saved moments must be exactly the optimizer's: one entry per parameter, the parameter's shape."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    ok_groups = (isinstance(groups, list) and len(groups) == len(optimizer.param_groups)
-                 and all(isinstance(g, dict) and g.get("params") == list(range(sum(len(h["params"]) for h in
-                         optimizer.param_groups[:i]), sum(len(h["params"]) for h in optimizer.param_groups[:i + 1])))
-                         for i, g in enumerate(groups)))
-    if not ok_groups:
+    want = [g["params"] for g in optimizer.state_dict()["param_groups"]]  # the parameter indices of each group
+    if not (isinstance(groups, list) and [g.get("params") if isinstance(g, dict) else None for g in groups] == want):
         raise CheckpointError(f"{file.parent / 'trainer.json'}: 'param_groups' do not describe this model's "
                               f"{len(params)} parameters; the checkpoint is damaged or from another model")
     for key, v in tensors.items():
