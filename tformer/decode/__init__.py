@@ -4,6 +4,16 @@
 
 The cache is a dict of tensors with the batch first. Entries named "hyp.*" have one row per hypothesis,
 the others one row per sentence, shared by that sentence's hypotheses (see `common.HYP_PREFIX`).
+
+Every search takes an optional target prefix, one id list per sentence (no <s>/</s>; empty or None: none).
+Each output of sentence i then begins with exactly prefix[i], and the search goes on from there as it would
+have from that state. The prefix tokens count in the scores, at the log-probability the search scores with
+(greedy, beam: log_softmax of the logits; sampling: of logits / temperature, unfiltered), so a greedy score
+or a raw beam score is still the teacher-forced log-probability of the whole output. The rules (min_len,
+no_repeat_ngram, never <pad>/<s>) never forbid a prefix token; min_len and the limits count the whole
+output, and a limit shorter than its prefix is raised to it (the output is then the prefix, without </s>).
+A sentence without a prefix decodes exactly as with prefix=None, and no sentence's output depends on the
+others in its batch or their prefixes.
 """
 
 from __future__ import annotations
@@ -13,24 +23,27 @@ from torch import Tensor
 from tformer.config import DecodeConfig
 from tformer.data.vocab import Vocab
 from tformer.decode.beam import beam_search, length_penalty
-from tformer.decode.common import (HYP_PREFIX, Cache, Hypotheses, NBest, StepFn, forbid, max_lengths,
-                                   select_hyps, select_rows)
+from tformer.decode.common import (HYP_PREFIX, Cache, Hypotheses, NBest, StepFn, forbid, force, max_lengths,
+                                   prefix_table, select_hyps, select_rows)
 from tformer.decode.greedy import greedy_search
 from tformer.decode.sampling import filter_logits, sample
 
-__all__ = ["HYP_PREFIX", "Cache", "Hypotheses", "NBest", "StepFn", "beam_search", "filter_logits", "forbid",
-           "greedy_search", "length_penalty", "max_lengths", "sample", "search", "select_hyps", "select_rows"]
+__all__ = ["HYP_PREFIX", "Cache", "Hypotheses", "NBest", "StepFn", "beam_search", "filter_logits", "forbid", "force",
+           "greedy_search", "length_penalty", "max_lengths", "prefix_table", "sample", "search", "select_hyps",
+           "select_rows"]
 
 
-def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None) -> NBest:
-    """The search `cfg.strategy` names, over one batch; `ids` (sentence indices in the input) seed sampling."""
+def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,
+           prefix: list[list[int]] | None = None) -> NBest:
+    """The search `cfg.strategy` names, over one batch; `ids` (sentence indices in the input) seed sampling;
+    `prefix` (one id list per sentence, or None) forces the start of every output (see above)."""
     bos, eos = Vocab.bos, Vocab.eos
     if cfg.strategy == "beam":
         return beam_search(step, cache, bos, eos, max_len, cfg.beam_size, cfg.len_penalty, cfg.min_len,
-                           cfg.nbest, cfg.no_repeat_ngram)
+                           cfg.nbest, cfg.no_repeat_ngram, prefix)
     if cfg.strategy == "sample":
         return sample(step, cache, bos, eos, max_len, ids if ids is not None else list(range(len(max_len))),
                       cfg.nbest, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, cfg.min_len,
-                      cfg.no_repeat_ngram)
-    hyp = greedy_search(step, cache, bos, eos, max_len, cfg.min_len, cfg.no_repeat_ngram)
+                      cfg.no_repeat_ngram, prefix)
+    hyp = greedy_search(step, cache, bos, eos, max_len, cfg.min_len, cfg.no_repeat_ngram, prefix)
     return NBest([[t] for t in hyp.tokens], [[s] for s in hyp.scores])

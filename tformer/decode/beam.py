@@ -10,6 +10,16 @@ reordered between steps; the sentence-level entries (encoder keys/values) are ne
 
 Finished hypotheses are ranked by GNMT's length penalty (Wu et al., 2016): logprob / ((5 + |Y|) / 6) ** alpha,
 |Y| counting the </s>. alpha = 0 ranks by log-probability alone, larger alpha favours longer outputs.
+
+A forced target prefix is one more rule on the step's log-probabilities (`common.force`): while a sentence is
+inside its prefix, every continuation but the prefix token is -inf, the prefix token keeps its log-probability.
+A sentence starts from one hypothesis, so exactly one finite hypothesis follows the prefix and the other K-1 rows
+carry -inf scores: -inf never turns finite, never finishes (only finite candidates are set aside) and ranks below
+every finite candidate, so from the end of the prefix the search goes on exactly as a beam started from that one
+hypothesis. Scores include the prefix tokens (a raw score is still the teacher-forced log-probability) and
+lengths count them. No hypothesis can finish inside the prefix (</s> is -inf there, and the limit is raised
+to the prefix's length), so no stopping rule fires before it ends, and the exact bound (scores only fall)
+holds afterwards as before.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, forbid, select_hyps
+from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table, select_hyps
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -25,11 +35,15 @@ def length_penalty(length: int, alpha: float) -> float:
 
 
 def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, beam: int, alpha: float = 0.6,
-                min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0) -> NBest:
-    """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output. Returns the
-    `nbest` best finished hypotheses of every sentence with their length-normalised scores."""
+                min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0,
+                prefix: list[list[int]] | None = None) -> NBest:
+    """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output, raised where
+    `prefix` (one id list per sentence, or None) is longer. Returns the `nbest` best finished hypotheses of
+    every sentence, each beginning with the sentence's prefix, with their length-normalised scores (fewer
+    than `nbest` where fewer finite ones exist, e.g. an output cut to exactly its prefix)."""
     B, K = max_len.shape[0], beam
     device = max_len.device
+    prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # (normalised score, tokens)
     sent = torch.arange(B, device=device)  # original index of each live sentence (L live)
     # k hypotheses per live sentence: 1 at the first step (all K beams would start identical, so only one is
@@ -42,7 +56,10 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
     while sent.numel():
         L, k = scores.shape
         logits, cache = step(prev, cache)  # (L*k, V)
-        logp = forbid(torch.log_softmax(logits.float(), dim=-1), history, t, eos, min_len, no_repeat_ngram)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (L*k, V)
+        forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
+        allowed = forbid(logp.clone() if forcing else logp, history, t, eos, min_len, no_repeat_ngram)
+        logp = force(logp, allowed, prefix[sent, t].repeat_interleave(k)) if forcing else allowed
         V = logp.shape[-1]
         t += 1
         cand = (scores.reshape(L * k, 1) + logp).reshape(L, k * V)

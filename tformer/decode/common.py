@@ -1,11 +1,13 @@
-"""What every search shares: the step-function contract, results, length limits, cache row selection and
-the rules that forbid tokens (minimum length, repeated n-grams). Notation: B sentences, K hypotheses per
-sentence, N = B x K rows, V vocabulary, t tokens decoded so far."""
+"""What every search shares: the step-function contract, results, length limits, cache row selection, the
+rules that forbid tokens (minimum length, repeated n-grams) and the one that forces a target prefix.
+Notation: B sentences, K hypotheses per sentence, N = B x K rows, V vocabulary, P longest prefix, t tokens
+decoded so far."""
 
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import torch
 from torch import Tensor
 
 Cache = dict[str, Tensor]
@@ -30,6 +32,25 @@ class NBest(NamedTuple):
 def max_lengths(src_lengths: Tensor, a: float, b: int) -> Tensor:
     """The output limit a * source_length + b (at least 1), per sentence: (B,) -> (B,)."""
     return (src_lengths.double() * a + b).floor().long().clamp(min=1)
+
+
+def prefix_table(prefix: list[list[int] | None] | None, max_len: Tensor, bos: int, eos: int
+                 ) -> tuple[Tensor, Tensor]:
+    """The forced prefixes (one id list per sentence, None or empty for none) as a (B, P) tensor padded with
+    -1, P = 0 when no sentence has one; and the limits `max_len` (B,) raised where a prefix is longer, so that
+    no prefix is cut (such a sentence's output is exactly its prefix)."""
+    B = max_len.shape[0]
+    prefix = [[] for _ in range(B)] if prefix is None else [list(p or ()) for p in prefix]
+    if len(prefix) != B:
+        raise ValueError(f"{len(prefix)} prefixes for a batch of {B} sentences")
+    for i, p in enumerate(prefix):
+        if any(tok < 0 or tok in (0, bos, eos) for tok in p):  # id 0: <pad> (tformer.data.vocab)
+            raise ValueError(f"prefix {i} holds a special or negative id ({p}); give ids without <s>, </s>, <pad>")
+    table = torch.full((B, max(map(len, prefix), default=0)), -1, dtype=torch.long)  # (B, P)
+    for i, p in enumerate(prefix):
+        table[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prefix], dtype=max_len.dtype, device=max_len.device)  # (B,)
+    return table.to(max_len.device), torch.maximum(max_len, lengths)
 
 
 def select_rows(cache: Cache, rows: Tensor) -> Cache:
@@ -63,3 +84,13 @@ def forbid(logp: Tensor, history: Tensor, t: int, eos: int, min_len: int, no_rep
         rows, cols = match.nonzero(as_tuple=True)
         logp[rows, windows[rows, cols, n - 1]] = float("-inf")
     return logp
+
+
+def force(logp: Tensor, allowed: Tensor, forced: Tensor) -> Tensor:
+    """The prefix rule, applied after `forbid`: a row still inside its prefix (its `forced` (N,) entry is the
+    token due next, >= 0) may take that token only, at its log-probability in `logp` (N, V), before the rules
+    (they never forbid a prefix token); every other token is -inf. Rows past their prefix (-1) keep `allowed`
+    (N, V), the log-probabilities the rules left. Returns a new tensor."""
+    tok = forced.clamp(min=0)[:, None]  # (N, 1)
+    only = torch.full_like(logp, float("-inf")).scatter(1, tok, logp.gather(1, tok))  # (N, V)
+    return torch.where((forced >= 0)[:, None], only, allowed)

@@ -1,14 +1,17 @@
 """Ancestral sampling with temperature, top-k and top-p (nucleus) filtering.
 
 Each sentence draws from its own generator seeded by (seed, sentence index, sample), so a sentence's samples
-do not depend on the batch it is decoded in."""
+do not depend on the batch it is decoded in. A forced target prefix (`common.force`) starts every sample of
+its sentence; a prefix token is taken, not drawn (a draw is still made, so the stream of the generator does
+not depend on whether a row is forced), and scored at its log-probability under the temperature alone: no
+top-k/top-p filter, which a forced token may lie outside of."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, forbid, select_rows
+from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table, select_rows
 
 
 def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
@@ -29,11 +32,14 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) 
 
 def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids: list[int], n: int = 1,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, min_len: int = 0,
-           no_repeat_ngram: int = 0) -> NBest:
-    """`n` independent samples per sentence; `ids` (B,) are the sentences' indices in their input, which
-    seed their generators. Scores are the samples' log-probabilities under the filtered distribution."""
+           no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None) -> NBest:
+    """`n` independent samples per sentence, each beginning with the sentence's `prefix` (one id list per
+    sentence, or None; a shorter limit is raised to it); `ids` (B,) are the sentences' indices in their input,
+    which seed their generators. Scores are the samples' log-probabilities: the drawn tokens' under the
+    filtered distribution, the forced ones' under the temperature alone."""
     B = max_len.shape[0]
     device = max_len.device
+    prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
     gens = [torch.Generator().manual_seed(seed * 1_000_003 + i * 1_009 + j) for i in ids for j in range(n)]
     out: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     hyp_sent = torch.arange(B, device=device).repeat_interleave(n)  # (N,) sentence of each row
@@ -46,12 +52,18 @@ def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids:
     while live.numel():
         logits, cache = step(prev, cache)  # (N_live, V)
         allowed = forbid(logits.float().clone(), history, t, eos, min_len, no_repeat_ngram)  # -inf logits
-        logp = filter_logits(allowed, temperature, top_k, top_p)
+        logp = filter_logits(allowed, temperature, top_k, top_p)  # (N_live, V)
+        forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
+        if forcing:
+            forced = prefix[hyp_sent[live], t]  # (N_live,) the prefix token due, -1 past the prefix
+            logp = force(torch.log_softmax(logits.float() / temperature, dim=-1), logp, forced)
         probs = logp.exp().cpu()
         u = torch.stack([torch.rand((), generator=gens[r]) for r in live.tolist()])  # (N_live,)
         cdf = probs.cumsum(-1)
         tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=probs.shape[-1] - 1)[:, 0]
         tok = tok.to(device)
+        if forcing:
+            tok = torch.where(forced >= 0, forced, tok)  # taken; the draw is spent all the same
         total[live.cpu()] += logp.gather(1, tok[:, None])[:, 0].cpu()
         t += 1
         history = torch.cat([history, tok[:, None]], dim=1)
