@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from tformer.errors import DataError
+
 
 def token_accuracy(logits: Tensor, target: Tensor, pad: int) -> tuple[int, int]:
     """(correct, total) over non-pad positions; logits (N, V), target (N,)."""
@@ -17,7 +19,7 @@ def token_accuracy(logits: Tensor, target: Tensor, pad: int) -> tuple[int, int]:
 def exact_match(hypotheses: list[list], references: list[list]) -> float:
     """Fraction of hypotheses equal to their reference as whole sequences."""
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+        raise DataError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     if not references:
         return 0.0
     return sum(h == r for h, r in zip(hypotheses, references)) / len(references)
@@ -50,7 +52,7 @@ def translation_scores(hypotheses: list[str], references: list[str], lang: str =
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+        raise DataError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])

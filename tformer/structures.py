@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import StructureConfig
+from tformer.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,8 @@ def _user_edges(spec: str, length: int) -> Tensor:
         bad = (pairs < 0) | (pairs >= length)
         if bad.any():
             i = int(bad.any(1).nonzero()[0, 0])
-            raise ValueError(f"structure function {spec} returned the pair {pairs[i].tolist()}, outside a sentence "
-                             f"of length {length}; return positions in [0, {length})")
+            raise DataError(f"structure function {spec} returned the pair {pairs[i].tolist()}, outside a sentence "
+                            f"of length {length}; return positions in [0, {length})")
         return pairs
     pairs = _user_pairs(spec)
     return pairs[(pairs < length).all(1)]
@@ -141,17 +142,17 @@ def _user_pairs(spec: str) -> Tensor:
         try:
             fn = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"structure edges '{spec}': cannot import function {name} from {module} ({e}); "
-                             "give a file of 'query key' pairs or an importable module:function") from None
+            raise ConfigError(f"structure edges '{spec}': cannot import function {name} from {module} ({e}); "
+                              "give a file of 'query key' pairs or an importable module:function") from None
         if not callable(fn):
-            raise ValueError(f"structure edges '{spec}' is not a function")
+            raise ConfigError(f"structure edges '{spec}' is not a function")
         return torch.zeros(0, 2, dtype=torch.long)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ValueError(f"structure edge file {path} does not exist") from None
+        raise DataError(f"structure edge file {path} does not exist") from None
     except UnicodeDecodeError as e:
-        raise ValueError(f"structure edge file {path} is not UTF-8 text (byte {e.start})") from None
+        raise DataError(f"structure edge file {path} is not UTF-8 text (byte {e.start})") from None
     pairs = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -159,8 +160,8 @@ def _user_pairs(spec: str) -> Tensor:
             continue
         fields = line.split()
         if len(fields) != 2 or not all(f.isdigit() for f in fields):
-            raise ValueError(f"{path}:{n}: expected two non-negative integers 'query key', got {line!r}")
+            raise DataError(f"{path}:{n}: expected two non-negative integers 'query key', got {line!r}")
         pairs.append((int(fields[0]), int(fields[1])))
     if not pairs:
-        raise ValueError(f"structure edge file {path} has no edges")
+        raise DataError(f"structure edge file {path} has no edges")
     return torch.tensor(pairs, dtype=torch.long)

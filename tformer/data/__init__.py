@@ -11,6 +11,7 @@ from tformer.data.synthetic import SPLITS, symbol_names, synthetic_split
 from tformer.data.text import read_parallel
 from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
+from tformer.errors import ConfigError, DataError
 
 Pair = tuple[list[str], list[str]]
 Tokenizers = tuple[Tokenizer, Tokenizer]
@@ -24,11 +25,11 @@ __all__ = ["Batch", "Example", "Pair", "SPLITS", "SubwordTokenizer", "TaskData",
 def load_pairs(cfg: DataConfig, split: str) -> list[Pair]:
     """Token pairs of one split, from the synthetic generator or from cfg.dir (whitespace-tokenised)."""
     if split not in SPLITS:
-        raise ValueError(f"unknown split '{split}'; choose one of {', '.join(SPLITS)}")
+        raise DataError(f"unknown split '{split}'; choose one of {', '.join(SPLITS)}")
     if cfg.task == "text":
         return read_parallel(cfg.dir, split)
     if cfg.task == "translation":
-        raise ValueError("load_pairs reads whitespace-tokenised tasks; 'translation' goes through load_task")
+        raise ConfigError("load_pairs reads whitespace-tokenised tasks; 'translation' goes through load_task")
     return synthetic_split(cfg, split)
 
 
@@ -65,7 +66,7 @@ def load_task(cfg: DataConfig, splits: tuple[str, ...] = SPLITS, joint: bool = F
     their sources are frames (S, F), their texts (utterance ids, transcripts)."""
     for s in splits:
         if s not in SPLITS:
-            raise ValueError(f"unknown split '{s}'; choose one of {', '.join(SPLITS)}")
+            raise DataError(f"unknown split '{s}'; choose one of {', '.join(SPLITS)}")
     if cfg.task == "translation":
         return _load_translation(cfg, splits, joint, tokenizers)
     if cfg.task in ("speech", "synthetic_speech"):
@@ -85,7 +86,7 @@ def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tok
     from tformer.data.translation import encode_split, read_split, train_tokenizers
 
     if joint and not cfg.joint_vocab:
-        raise ValueError("config key 'model.share_embeddings' needs one joint vocabulary: set data.joint_vocab=true")
+        raise ConfigError("config key 'model.share_embeddings' needs one joint vocabulary: set data.joint_vocab=true")
     corpora = {s: read_split(cfg, s) for s in splits}
     if tokenizers is None:
         train = corpora["train"] if "train" in corpora else read_split(cfg, "train")
@@ -103,7 +104,7 @@ def _load_speech(cfg: DataConfig, splits: tuple[str, ...], tokenizers: Tokenizer
     from tformer.data.tokenizer import train_sentencepiece
 
     if feature_dim < 1:
-        raise ValueError("speech tasks need the model's feature dimension (model.feature_dim)")
+        raise ConfigError("speech tasks need the model's feature dimension (model.feature_dim)")
     utts = {s: load_utterances(cfg, s, feature_dim) for s in splits}
     if tokenizers is None:
         train = utts["train"] if "train" in utts else load_utterances(cfg, "train", feature_dim)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tformer.errors import ConfigError
+
 Example = tuple["list[int] | Tensor", list[int]]  # (source ids, or frames (S, F); target ids), no specials
 
 
@@ -48,7 +50,7 @@ def token_budget_batches(
     for i in order:
         size = max(src_lens[i], tgt_lens[i])
         if size > max_tokens:
-            raise ValueError(
+            raise ConfigError(
                 f"example {i} has {size} tokens (with <s>/</s>), more than train.max_tokens={max_tokens}; "
                 "raise train.max_tokens or drop over-long examples"
             )

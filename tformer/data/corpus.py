@@ -8,12 +8,16 @@ of training pairs lives in `filter_pairs` and reports how many pairs it dropped 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from tformer.errors import ConfigError, DataError
 
 # U+00A0 no-break space and U+202F narrow no-break space are the two d2l replaces in fra.txt; U+2007/U+2060
 # (figure space, word joiner) and U+FEFF (a stray byte-order mark) are the same trouble in other corpora.
@@ -32,17 +36,17 @@ def _open_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ValueError(f"{path} does not exist") from None
+        raise DataError(f"{path} does not exist") from None
     except IsADirectoryError:
-        raise ValueError(f"{path} is a folder, not a text file") from None
+        raise DataError(f"{path} is a folder, not a text file") from None
     except OSError as e:
-        raise ValueError(f"{path} cannot be read ({e.strerror})") from None
+        raise DataError(f"{path} cannot be read ({e.strerror})") from None
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as e:
-            raise ValueError(f"{path} looks gzip-compressed but cannot be decompressed ({e}); "
-                             "the file is probably truncated") from None
+            raise DataError(f"{path} looks gzip-compressed but cannot be decompressed ({e}); "
+                            "the file is probably truncated") from None
     return raw
 
 
@@ -56,24 +60,72 @@ def decode_lines(raw: bytes, where: str) -> list[str]:
     """The lines of UTF-8 bytes (`where` names them in messages: a path, 'standard input')."""
     nul = raw.find(b"\0")  # before decoding: a binary file is 'not text' rather than 'not UTF-8'
     if nul >= 0:
-        line = raw.count(b"\n", 0, nul) + 1
-        raise ValueError(f"{where}, line {line}: a NUL byte; this is not a text file "
-                         "(a binary, a compressed format other than gzip, or UTF-16); give UTF-8 text, one "
-                         "sentence per line")
+        raise _nul_byte(where, raw.count(b"\n", 0, nul) + 1)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ValueError(f"{where}, line {line}, byte {col} of the line: not valid UTF-8 "
-                         f"({raw[e.start:e.start + 1]!r}); convert it to UTF-8 "
-                         f"(e.g. iconv -f latin1 -t utf-8)") from None
+        line_start = raw.rfind(b"\n", 0, e.start) + 1
+        raise _not_utf8(where, raw[: e.start].count(b"\n") + 1, e.start - line_start + 1,
+                        raw[e.start : e.start + 1]) from None
     if text.startswith("\ufeff"):
         text = text[1:]
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+def iter_lines(source: str | Path | BinaryIO, where: str | None = None) -> Iterator[str]:
+    """The lines of a UTF-8 text file (a path, or a seekable binary file read from its start), plain or gzip
+    by content, one at a time: memory does not grow with the file. Each line is checked as `decode_lines`
+    checks a whole file (a NUL byte, invalid UTF-8: the line and byte), line by line."""
+    where = where or str(source)
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, (str, Path)):
+            try:
+                f = stack.enter_context(open(source, "rb"))
+            except FileNotFoundError:
+                raise DataError(f"{source} does not exist") from None
+            except IsADirectoryError:
+                raise DataError(f"{source} is a folder, not a text file") from None
+            except OSError as e:
+                raise DataError(f"{source} cannot be read ({e.strerror})") from None
+        else:
+            f = source
+            f.seek(0)
+        gzipped = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        stream = stack.enter_context(gzip.open(f)) if gzipped else f
+        for n, raw in enumerate(_raw_lines(stream, where, gzipped), 1):
+            if b"\0" in raw:
+                raise _nul_byte(where, n)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(where, n, e.start + 1, raw[e.start : e.start + 1]) from None
+            if n == 1 and line.startswith("\ufeff"):
+                line = line[1:]
+            yield line.removesuffix("\n").removesuffix("\r")
+
+
+def _raw_lines(stream: BinaryIO, where: str, gzipped: bool) -> Iterator[bytes]:
+    try:
+        yield from stream
+    except (OSError, EOFError) as e:
+        if not gzipped:
+            raise DataError(f"{where} cannot be read ({e})") from None
+        raise DataError(f"{where} looks gzip-compressed but cannot be decompressed ({e}); "
+                        "the file is probably truncated") from None
+
+
+def _nul_byte(where: str, line: int) -> DataError:
+    return DataError(f"{where}, line {line}: a NUL byte; this is not a text file (a binary, a compressed format "
+                     "other than gzip, or UTF-16); give UTF-8 text, one sentence per line")
+
+
+def _not_utf8(where: str, line: int, col: int, byte: bytes) -> DataError:
+    return DataError(f"{where}, line {line}, byte {col} of the line: not valid UTF-8 ({byte!r}); convert it to "
+                     "UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 @dataclass
@@ -99,9 +151,9 @@ def read_aligned(src_path: str | Path, tgt_path: str | Path) -> Corpus:
     if len(src) != len(tgt):
         short, long_ = (src_path, tgt_path) if len(src) < len(tgt) else (tgt_path, src_path)
         n = min(len(src), len(tgt))
-        raise ValueError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the files disagree "
-                         f"from line {n + 1}, which exists in {long_} but not in {short}; the files must be "
-                         "aligned line by line")
+        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the files disagree "
+                        f"from line {n + 1}, which exists in {long_} but not in {short}; the files must be "
+                        "aligned line by line")
     return Corpus([normalize(s) for s in src], [normalize(t) for t in tgt], f"{src_path} + {tgt_path}",
                   list(range(1, len(src) + 1)))
 
@@ -114,8 +166,8 @@ def read_tsv(path: str | Path, src_column: int = 0, tgt_column: int = 1) -> Corp
     for n, line in enumerate(read_lines(path), 1):
         fields = line.split("\t")
         if len(fields) < need:
-            raise ValueError(f"{path}, line {n}: {len(fields)} tab-separated field(s), but columns "
-                             f"{src_column} and {tgt_column} (0-based) are needed; is this a TSV file?")
+            raise DataError(f"{path}, line {n}: {len(fields)} tab-separated field(s), but columns "
+                            f"{src_column} and {tgt_column} (0-based) are needed; is this a TSV file?")
         src.append(normalize(fields[src_column]))
         tgt.append(normalize(fields[tgt_column]))
     return Corpus(src, tgt, str(path), list(range(1, len(src) + 1)))
@@ -138,8 +190,8 @@ def split_corpus(corpus: Corpus, valid_size: int, test_size: int, seed: int) -> 
         name = "test" if len(out["test"]) < test_size else "valid" if len(out["valid"]) < valid_size else "train"
         out[name].extend(groups[s])
     if not out["train"]:
-        raise ValueError(f"{corpus.origin}: {len(corpus)} pairs leave nothing for training after "
-                         f"test_size={test_size} and valid_size={valid_size}; lower them")
+        raise ConfigError(f"{corpus.origin}: {len(corpus)} pairs leave nothing for training after "
+                          f"test_size={test_size} and valid_size={valid_size}; lower them")
     return {k: corpus.subset(sorted(v)) for k, v in out.items()}
 
 

@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tformer.errors import DataError
+
 log = logging.getLogger("tformer")
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
@@ -37,11 +39,11 @@ def fetch(url: str, timeout: float = 30.0) -> bytes:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.read()
     except urllib.error.HTTPError as e:
-        raise ValueError(f"{url}: the server answered {e.code} {e.reason}") from None
+        raise DataError(f"{url}: the server answered {e.code} {e.reason}") from None
     except (urllib.error.URLError, socket.timeout, ConnectionError) as e:
         reason = getattr(e, "reason", e)
-        raise ValueError(f"cannot download {url} ({reason}); are you offline? Fetch the files by hand "
-                         f"(they are listed in tformer/data/download.py) and point data.dir at them") from None
+        raise DataError(f"cannot download {url} ({reason}); are you offline? Fetch the files by hand "
+                        f"(they are listed in tformer/data/download.py) and point data.dir at them") from None
 
 
 def download_multi30k(out: str | Path, base_url: str = MULTI30K_URL) -> list[Path]:
@@ -60,8 +62,8 @@ def download_multi30k(out: str | Path, base_url: str = MULTI30K_URL) -> list[Pat
         data = fetch(url)
         got = _sha256(data)
         if got != sha:
-            raise ValueError(f"{url}: SHA-256 {got} is not the expected {sha}; the download is damaged or the "
-                             "file changed upstream; nothing was written for it")
+            raise DataError(f"{url}: SHA-256 {got} is not the expected {sha}; the download is damaged or the "
+                            "file changed upstream; nothing was written for it")
         tmp = path.with_name(f".{local}.part-{os.getpid()}")
         tmp.write_bytes(data)
         os.replace(tmp, path)

@@ -32,13 +32,14 @@ from tformer.config import DataConfig
 from tformer.data.corpus import normalize, read_lines
 from tformer.data.synthetic import SPLITS, symbol_names
 from tformer.data.vocab import Vocab
+from tformer.errors import DataError
 
 SPACE = "\u2581"  # '▁', SentencePiece's word boundary: a space as a vocabulary token
 MAX_REPORTED = 10
 WORD_LENGTHS = (1, 6)  # synthetic words have 1 .. 6 letters, uniformly
 
 
-class SpeechDataError(ValueError):
+class SpeechDataError(DataError):
     """Problems with a speech corpus; the message lists each with its file, line and utterance."""
 
 
@@ -79,10 +80,10 @@ class FrameInput:
         self.vocab = vocab or Vocab([])
 
     def encode(self, text: str) -> list[int]:
-        raise ValueError("a frame encoder reads .npy features, not text")
+        raise DataError("a frame encoder reads .npy features, not text")
 
     def decode(self, ids: Iterable[int]) -> str:
-        raise ValueError("a frame encoder has no source text")
+        raise DataError("a frame encoder has no source text")
 
     def fingerprint(self) -> str:
         return "frames"
@@ -256,7 +257,7 @@ def error_rates(hypotheses: list[str], references: list[str]) -> dict[str, float
     """Corpus character and word error rate in percent: edits summed over utterances / reference length
     summed (characters include spaces; words split on whitespace)."""
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+        raise DataError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     char_edits = sum(edit_distance(list(h), list(r)) for h, r in zip(hypotheses, references))
     word_edits = sum(edit_distance(h.split(), r.split()) for h, r in zip(hypotheses, references))
     chars = sum(len(r) for r in references)

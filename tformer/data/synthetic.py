@@ -12,6 +12,7 @@ import string
 import torch
 
 from tformer.config import DataConfig
+from tformer.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
 
@@ -24,7 +25,7 @@ def symbol_names(n: int) -> list[str]:
 def synthetic_split(cfg: DataConfig, split: str) -> list[tuple[list[str], list[str]]]:
     """Pairs (source tokens, target tokens) of `split` for task copy or sort."""
     if cfg.task not in ("copy", "sort"):
-        raise ValueError(f"data.task '{cfg.task}' is not a synthetic task (copy, sort)")
+        raise ConfigError(f"data.task '{cfg.task}' is not a synthetic task (copy, sort)")
     size = {"train": cfg.train_size, "valid": cfg.valid_size, "test": cfg.test_size}[split]
     g = torch.Generator().manual_seed(cfg.seed * 1000 + SPLITS.index(split))
     names = symbol_names(cfg.symbols)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tformer.data.corpus import read_lines
+from tformer.errors import DataError
 
 
 def read_parallel(folder: str | Path, split: str) -> list[tuple[list[str], list[str]]]:
@@ -13,17 +14,17 @@ def read_parallel(folder: str | Path, split: str) -> list[tuple[list[str], list[
     src_path, tgt_path = folder / f"{split}.src", folder / f"{split}.tgt"
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
-        raise ValueError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
-                         "the files must be aligned line by line")
+        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
+                        "the files must be aligned line by line")
     pairs = []
     for n, (s, t) in enumerate(zip(src, tgt), 1):
         s_tok, t_tok = s.split(), t.split()
         if not s_tok or not t_tok:
             side = src_path if not s_tok else tgt_path
-            raise ValueError(f"{side}, line {n}: empty line; remove the pair from both files")
+            raise DataError(f"{side}, line {n}: empty line; remove the pair from both files")
         pairs.append((s_tok, t_tok))
     if not pairs:
-        raise ValueError(f"{src_path} is empty")
+        raise DataError(f"{src_path} is empty")
     return pairs
 
 

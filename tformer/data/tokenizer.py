@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterable, Protocol
 
 from tformer.data.vocab import SPECIALS, Vocab
+from tformer.errors import ConfigError, DataError
 
 
 
@@ -49,12 +50,12 @@ class SubwordTokenizer:
         try:
             self.sp.LoadFromSerializedProto(model_bytes)
         except (RuntimeError, OSError) as e:
-            raise ValueError(f"{name} is not a SentencePiece model ({e})") from None
+            raise DataError(f"{name} is not a SentencePiece model ({e})") from None
         pieces = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
         if tuple(pieces[:4]) != SPECIALS:
-            raise ValueError(f"{name}: SentencePiece ids 0..3 must be {', '.join(SPECIALS)}, found "
-                             f"{', '.join(pieces[:4])}; train it with `tformer` or with pad_id=0 bos_id=1 "
-                             "eos_id=2 unk_id=3")
+            raise DataError(f"{name}: SentencePiece ids 0..3 must be {', '.join(SPECIALS)}, found "
+                            f"{', '.join(pieces[:4])}; train it with `tformer` or with pad_id=0 bos_id=1 "
+                            "eos_id=2 unk_id=3")
         self.vocab = Vocab(pieces[4:])
 
     @classmethod
@@ -63,7 +64,7 @@ class SubwordTokenizer:
         try:
             return cls(path.read_bytes(), str(path))
         except FileNotFoundError:
-            raise ValueError(f"tokenizer file {path} does not exist") from None
+            raise DataError(f"tokenizer file {path} does not exist") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_bytes(self.model_bytes)
@@ -103,6 +104,6 @@ def train_sentencepiece(sentences: list[str], vocab_size: int, model_type: str =
             minloglevel=2,
         )
     except RuntimeError as e:
-        raise ValueError(f"SentencePiece could not train a {vocab_size}-piece {model_type} vocabulary"
-                         f"{' for ' + seed_name if seed_name else ''}: {e}; lower data.vocab_size") from None
+        raise ConfigError(f"SentencePiece could not train a {vocab_size}-piece {model_type} vocabulary"
+                          f"{' for ' + seed_name if seed_name else ''}: {e}; lower data.vocab_size") from None
     return SubwordTokenizer(buf.getvalue(), "trained model")

@@ -20,6 +20,7 @@ import numpy as np
 from tformer.config import DataConfig
 from tformer.data.corpus import NORMALIZATION, Corpus, filter_pairs, read_aligned, read_tsv, split_corpus
 from tformer.data.tokenizer import SubwordTokenizer, train_sentencepiece
+from tformer.errors import DataError
 
 log = logging.getLogger("tformer")
 
@@ -39,8 +40,8 @@ def _file_for(folder: Path, prefix: str, lang: str) -> Path:
     for p in (plain, folder / f"{prefix}.{lang}.gz"):
         if p.exists():
             return p
-    raise ValueError(f"neither {plain} nor {plain}.gz exists; check data.dir and data.{{train,valid,test}}_prefix "
-                     f"(tformer data multi30k --out DIR downloads Multi30k)")
+    raise DataError(f"neither {plain} nor {plain}.gz exists; check data.dir and data.{{train,valid,test}}_prefix "
+                    f"(tformer data multi30k --out DIR downloads Multi30k)")
 
 
 def corpus_files(cfg: DataConfig, split: str) -> list[Path]:
@@ -62,14 +63,14 @@ def read_split(cfg: DataConfig, split: str) -> Corpus:
     if cfg.format == "tsv":
         path = files[0].resolve()
         if not path.is_file():
-            raise ValueError(f"{files[0]} does not exist; check data.tsv")
+            raise DataError(f"{files[0]} does not exist; check data.tsv")
         corpus = _tsv_splits(path, cfg.tsv_columns, cfg.valid_size, cfg.test_size, cfg.seed,
                              path.stat().st_mtime_ns)[split]
     else:
         corpus = read_aligned(*files)
     if not len(corpus):
-        raise ValueError(f"{corpus.origin}: the {split} split holds no sentence pairs (empty file); give "
-                         f"{split} data, one sentence per line")
+        raise DataError(f"{corpus.origin}: the {split} split holds no sentence pairs (empty file); give "
+                        f"{split} data, one sentence per line")
     if split != "train":  # evaluation keeps every pair (comparable scores), but an empty side is suspicious
         empty = [n for n, s, t in zip(corpus.lines, corpus.src, corpus.tgt) if not s or not t]
         if empty:
@@ -139,8 +140,8 @@ def encode_split(cfg: DataConfig, split: str, corpus: Corpus, tokenizers: tuple[
                                     cfg.filter_max_ratio)
         log.info("%s: %s", corpus.origin, report)
         if not keep:
-            raise ValueError(f"{corpus.origin}: every training pair was filtered out ({report}); check the files "
-                             "or raise data.filter_max_len / data.filter_max_ratio")
+            raise DataError(f"{corpus.origin}: every training pair was filtered out ({report}); check the files "
+                            "or raise data.filter_max_len / data.filter_max_ratio")
     else:
         keep = list(range(len(src)))
     tmp = path.with_name(f".{path.stem}-{os.getpid()}.npz")

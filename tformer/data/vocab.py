@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from tformer.errors import DataError
+
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 
@@ -21,7 +23,7 @@ class Vocab:
                 self.itos.append(tok)
         self.stoi = {t: i for i, t in enumerate(self.itos)}
         if len(self.stoi) != len(self.itos):
-            raise ValueError("vocabulary has duplicate tokens")
+            raise DataError("vocabulary has duplicate tokens")
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -60,14 +62,14 @@ class Vocab:
         try:
             lines = path.read_text(encoding="utf-8").split("\n")
         except FileNotFoundError:
-            raise ValueError(f"vocabulary file {path} does not exist") from None
+            raise DataError(f"vocabulary file {path} does not exist") from None
         except UnicodeDecodeError as e:
-            raise ValueError(f"vocabulary file {path} is not UTF-8 (byte {e.start})") from None
+            raise DataError(f"vocabulary file {path} is not UTF-8 (byte {e.start})") from None
         if lines and lines[-1] == "":
             lines.pop()
         if tuple(lines[:4]) != SPECIALS:
-            raise ValueError(f"vocabulary file {path} must start with {', '.join(SPECIALS)} (one per line)")
+            raise DataError(f"vocabulary file {path} must start with {', '.join(SPECIALS)} (one per line)")
         for n, tok in enumerate(lines, 1):
             if not tok or any(c.isspace() for c in tok):
-                raise ValueError(f"{path}, line {n}: a token must be non-empty with no whitespace, got {tok!r}")
+                raise DataError(f"{path}, line {n}: a token must be non-empty with no whitespace, got {tok!r}")
         return cls(lines[4:])

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from tformer.config import ModelConfig
 from tformer.dropout import Dropout
+from tformer.errors import ConfigError
 from tformer.masks import (Graph, PositionBias, Segments, bipartite_graph, decoder_mask, encoder_mask,
                            packed_positions, padding_mask, self_graph)
 from tformer.model.layers import DecoderLayer, EncoderLayer
@@ -150,7 +151,7 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> None:
         super().__init__()
         if cfg.share_embeddings and src_vocab != tgt_vocab:
-            raise ValueError(
+            raise ConfigError(
                 f"model.share_embeddings needs one joint vocabulary, but the source has {src_vocab} "
                 f"entries and the target {tgt_vocab}"
             )

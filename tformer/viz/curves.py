@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tformer.errors import DataError  # noqa: E402
+
 SCORES = (("bleu", "BLEU"), ("chrf", "chrF"), ("exact_match", "exact match"), ("cer", "CER %"), ("wer", "WER %"))
 
 
@@ -21,7 +23,9 @@ def read_metrics(path: str | Path) -> list[dict]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise ValueError(f"{path} does not exist: give a run folder (one that `tformer train` wrote)") from None
+        raise DataError(f"{path} does not exist: give a run folder (one that `tformer train` wrote)") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); is it a tformer metrics.jsonl?") from None
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -31,12 +35,12 @@ def read_metrics(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             if n == len(lines):  # the last record, cut short mid-write
                 continue
-            raise ValueError(f"{path}:{n}: not a JSON record") from None
+            raise DataError(f"{path}:{n}: not a JSON record") from None
         if not isinstance(record, dict) or "step" not in record or "kind" not in record:
-            raise ValueError(f"{path}:{n}: not a tformer metrics record (needs 'kind' and 'step')")
+            raise DataError(f"{path}:{n}: not a tformer metrics record (needs 'kind' and 'step')")
         records.append(record)
     if not records:
-        raise ValueError(f"{path} has no records yet: training logs one every train.log_every updates")
+        raise DataError(f"{path} has no records yet: training logs one every train.log_every updates")
     return records
 
 

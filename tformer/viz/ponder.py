@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -10,6 +9,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from tformer.errors import DataError  # noqa: E402
+from tformer.viz.curves import read_metrics  # noqa: E402
 
 
 def plot_step_histogram(src_steps: list[list[int]], tgt_steps: list[list[int]], max_steps: int,
@@ -36,10 +38,10 @@ def plot_step_histogram(src_steps: list[list[int]], tgt_steps: list[list[int]], 
 
 def plot_ponder_curve(metrics: str | Path, path: str | Path | None = None):
     """Mean steps per position (training log) and validation exact match / BLEU over the updates."""
-    records = [json.loads(line) for line in Path(metrics).read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = read_metrics(metrics)  # a missing file or a bad line: DataError with the file and line
     train = [r for r in records if r.get("kind") == "train" and "ponder" in r]
     if not train:
-        raise ValueError(f"{metrics} has no ponder records: was this run a universal transformer (model.kind)?")
+        raise DataError(f"{metrics} has no ponder records: was this run a universal transformer (model.kind)?")
     fig, ax = plt.subplots(figsize=(6, 3.4))
     ax.plot([r["step"] for r in train], [r["ponder"] for r in train], color="C0")
     ax.set_xlabel("update")

@@ -35,6 +35,7 @@ from PIL import Image  # noqa: E402
 from safetensors import SafetensorError, safe_open  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
+from tformer.errors import DataError  # noqa: E402
 from tformer.viz.attention import (KIND_TITLES, KINDS, AttentionMaps, _heatmap, attention_maps,  # noqa: E402
                                    head_grid, token_labels)
 
@@ -103,8 +104,8 @@ def load_recording(run_dir: str | Path) -> Recording:
     """Every recorded step of a run, in order. Errors say what is missing and how to record it."""
     found = recorded_steps(run_dir)
     if not found:
-        raise ValueError(f"{run_dir} has no recorded attention ({Path(run_dir) / FOLDER}/step_*.safetensors); train "
-                         "with train.attention_examples=N (N fixed validation examples recorded at every evaluation)")
+        raise DataError(f"{run_dir} has no recorded attention ({Path(run_dir) / FOLDER}/step_*.safetensors); train "
+                        "with train.attention_examples=N (N fixed validation examples recorded at every evaluation)")
     steps, frames = [], []
     for step, path in found:
         try:
@@ -113,7 +114,7 @@ def load_recording(run_dir: str | Path) -> Recording:
                 meta = f.metadata() or {}
             labels = json.loads(meta["labels"])
         except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path} is not a tformer attention recording ({e}); delete it or re-record") from None
+            raise DataError(f"{path} is not a tformer attention recording ({e}); delete it or re-record") from None
         maps = []
         for i, (source, target) in enumerate(labels):
             steps_i = None
@@ -125,8 +126,8 @@ def load_recording(run_dir: str | Path) -> Recording:
         steps.append(step)
         frames.append(maps)
     if len({len(f) for f in frames}) != 1:
-        raise ValueError(f"{run_dir}: the recorded steps hold different numbers of examples; was "
-                         "train.attention_examples changed on resume? Delete the attention/ folder's older files")
+        raise DataError(f"{run_dir}: the recorded steps hold different numbers of examples; was "
+                        "train.attention_examples changed on resume? Delete the attention/ folder's older files")
     return Recording(steps, frames)
 
 
@@ -154,7 +155,7 @@ def _write_gif(fig, frames, path: str | Path, ms_per_frame: int, dpi: int | None
 
 def _frame_maps(rec: Recording, example: int) -> list[AttentionMaps]:
     if not 0 <= example < rec.n_examples:
-        raise ValueError(f"the recording has {rec.n_examples} examples (0..{rec.n_examples - 1}); got {example}")
+        raise DataError(f"the recording has {rec.n_examples} examples (0..{rec.n_examples - 1}); got {example}")
     return [frame[example] for frame in rec.maps]
 
 
@@ -174,9 +175,9 @@ def animate_attention(rec: Recording, example: int, kind: str, layer: int, head:
     queries, keys = first.labels(kind)
     n_layers = max(m.layers(kind) for m in frames)
     if not 0 <= layer < n_layers:
-        raise ValueError(f"{kind} has {n_layers} {first.layer_name}s (0..{n_layers - 1}); got {layer}")
+        raise DataError(f"{kind} has {n_layers} {first.layer_name}s (0..{n_layers - 1}); got {layer}")
     if not 0 <= head < first.heads():
-        raise ValueError(f"the model has {first.heads()} heads (0..{first.heads() - 1}); got {head}")
+        raise DataError(f"the model has {first.heads()} heads (0..{first.heads() - 1}); got {head}")
     fig, ax = plt.subplots(figsize=(1.8 + 0.28 * len(keys), 1.7 + 0.28 * len(queries)))
     title = lambda i: f"{KIND_TITLES[kind]}, {first.layer_name} {layer}, head {head}\ntraining step {rec.steps[i]}"  # noqa: E731
     im = _heatmap(ax, _layers_at(first, kind, layer)[head], queries, keys, title(0))
@@ -220,7 +221,7 @@ def animate_steps(rec: Recording, example: int, path: str | Path, max_steps: int
     """A universal transformer's ACT steps per source and target token over training."""
     frames = _frame_maps(rec, example)
     if frames[0].steps is None:
-        raise ValueError("this recording has no ACT steps: the model is not a universal transformer")
+        raise DataError("this recording has no ACT steps: the model is not a universal transformer")
     top = max_steps or max(max(max(m.steps[0]), max(m.steps[1])) for m in frames)
     source, target = frames[0].source, frames[0].target_in
     fig, axes = plt.subplots(2, 1, figsize=(max(4.0, 0.42 * max(len(source), len(target)) + 1.8), 3.2))

@@ -1,0 +1,43 @@
+"""The one family of exceptions tformer raises for bad input.
+
+    TformerError            anything a user can fix: a file, a setting, a checkpoint, an argument, a request
+      ConfigError           a configuration key, value or combination (the message names the key)
+      DataError             a corpus, an input file or line, a sentence or a list passed to the API
+      CheckpointError       a checkpoint that is missing, incomplete, foreign, damaged or does not fit
+        NoCheckpointError   a run folder that holds no complete checkpoint (yet)
+      TrainingError         training cannot go on (say, NaN/inf updates too many times in a row)
+
+Every message says what is wrong, where (file, line, key, list index, request field) and what to do. The
+command line and the servers catch this family only: any other exception is a bug in tformer and keeps its
+traceback. TformerError derives from ValueError, so code written against earlier versions (`except
+ValueError`) keeps working; catch TformerError to tell a user's mistake from a bug.
+"""
+
+from __future__ import annotations
+
+
+class TformerError(ValueError):
+    """Bad input that the user can fix; the message names what and where."""
+
+
+class ConfigError(TformerError):
+    """A configuration key, value or combination that cannot work; the message names the key."""
+
+
+class DataError(TformerError):
+    """A corpus, input file, sentence or argument the library was given; the message names where."""
+
+
+class CheckpointError(TformerError):
+    """A checkpoint that is missing, incomplete, foreign, damaged or does not fit the model."""
+
+
+class NoCheckpointError(CheckpointError):
+    """A run folder that holds no complete checkpoint (yet)."""
+
+
+class TrainingError(TformerError):
+    """Training cannot go on (e.g. NaN/inf in too many updates in a row); the message says why and what to do."""
+
+
+__all__ = ["CheckpointError", "ConfigError", "DataError", "NoCheckpointError", "TformerError", "TrainingError"]
