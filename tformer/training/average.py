@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tformer.train.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, list_checkpoints, load_checkpoint,
+from tformer.training.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, list_checkpoints, load_checkpoint,
                                       resolve_checkpoint)
 
 

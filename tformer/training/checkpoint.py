@@ -33,6 +33,7 @@ from tformer.config import Config, ConfigError, load_config, save_config
 from tformer.data.speech import CharTokenizer, FrameInput
 from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
+from tformer.errors import CheckpointError, DataError, NoCheckpointError
 from tformer.files import replace_atomically
 
 Tokenizers = tuple[Tokenizer, Tokenizer]
@@ -40,14 +41,6 @@ Tokenizers = tuple[Tokenizer, Tokenizer]
 FORMAT = "tformer-checkpoint"
 FORMAT_VERSION = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, incomplete, foreign or does not fit the model."""
-
-
-class NoCheckpointError(CheckpointError):
-    """A run folder that holds no complete checkpoint (yet)."""
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -295,7 +288,7 @@ def load_tokenizers(folder: Path) -> Tokenizers:
                 tok = FrameInput(vocab)
             else:
                 tok = SubwordTokenizer.load(model) if model.exists() else WordTokenizer(vocab)
-        except ValueError as e:
+        except DataError as e:  # a missing or damaged vocabulary or SentencePiece file
             raise CheckpointError(str(e)) from None
         if tok.vocab != vocab:
             raise CheckpointError(f"{model} and {folder / f'vocab.{side}.txt'} disagree: the checkpoint was "
@@ -407,8 +400,10 @@ def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] 
     if info["version"] > FORMAT_VERSION:
         raise CheckpointError(f"{ckpt} has format version {info['version']}, newer than this tformer "
                               f"reads ({FORMAT_VERSION}); upgrade tformer")
-    try:
-        cfg = load_config(ckpt / "config.yaml", overrides)
+    try:  # the checkpoint's own file: a problem there is the checkpoint's
+        cfg = load_config(ckpt / "config.yaml")
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
+    if overrides:  # the caller's: a problem there stays a ConfigError naming the override
+        cfg = load_config(ckpt / "config.yaml", overrides)
     return Checkpoint(ckpt, cfg, load_tokenizers(ckpt), info)

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from tformer.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Context:
@@ -46,8 +48,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("config key 'train.device' is cuda, but PyTorch sees no CUDA device here; use "
-                         "train.device=cpu (or auto)")
+        raise ConfigError("config key 'train.device' is cuda, but PyTorch sees no CUDA device here; use "
+                          "train.device=cpu (or auto)")
     if name == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(name)

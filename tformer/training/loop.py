@@ -25,20 +25,17 @@ from tqdm.auto import tqdm
 
 from tformer.config import SPEECH_TASKS, Config, TrainConfig, save_config
 from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_budget_batches
+from tformer.errors import ConfigError, TformerError, TrainingError
 from tformer.evaluation import evaluate
 from tformer.model import Transformer, build_model
-from tformer.train import distributed
-from tformer.train.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
+from tformer.training import distributed
+from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
                                       load_checkpoint, load_tokenizers, save_checkpoint, save_tokenizers)
-from tformer.train.distributed import Context, all_reduce_update
-from tformer.train.loss import generator_loss
-from tformer.train.schedule import learning_rate
+from tformer.training.distributed import Context, all_reduce_update
+from tformer.training.loss import generator_loss
+from tformer.training.schedule import learning_rate
 
 log = logging.getLogger("tformer")
-
-
-class TrainingError(ValueError):
-    """Training cannot go on (e.g. NaN/inf in too many updates in a row); the message says why and what to do."""
 
 
 @dataclass
@@ -257,7 +254,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = False) -> TrainResult:
     """Train `cfg` into `run_dir`, or continue it (`resume`). Under torchrun (WORLD_SIZE > 1) every process
-    calls this; see tformer.train.distributed."""
+    calls this; see tformer.training.distributed."""
     ctx = distributed.setup(cfg.train.device)
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     if cfg.train.deterministic:
@@ -535,14 +532,16 @@ def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context):
             if ckpt is None:  # a resumed run has them already
                 run_dir.mkdir(parents=True, exist_ok=True)
                 save_tokenizers(data.tokenizers, run_dir)
-        except Exception as e:
-            distributed.broadcast_object(ctx, f"{type(e).__name__}: {e}")
+        except Exception as e:  # the others raise the same class: a user's mistake stays one, a bug stays a bug
+            kind = type(e) if isinstance(e, TformerError) else ValueError
+            distributed.broadcast_object(ctx, (kind, f"{type(e).__name__}: {e}"))
             raise
         distributed.broadcast_object(ctx, None)
         return data
     problem = distributed.broadcast_object(ctx, None)
     if problem is not None:
-        raise ValueError(f"rank 0 could not read the data ({problem})")
+        kind, why = problem
+        raise kind(f"rank 0 could not read the data ({why})")
     return load_task(cfg.data, splits, tokenizers=ckpt.tokenizers if ckpt else load_tokenizers(run_dir), **kwargs)
 
 
@@ -555,6 +554,6 @@ def _summary_writer_class():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise ValueError("train.tensorboard=true needs the tensorboard package: pip install tensorboard "
-                         "(or leave it off: metrics.jsonl and `tformer plot RUN_DIR` need nothing more)") from None
+        raise ConfigError("train.tensorboard=true needs the tensorboard package: pip install tensorboard "
+                          "(or leave it off: metrics.jsonl and `tformer plot RUN_DIR` need nothing more)") from None
     return SummaryWriter
