@@ -2,7 +2,7 @@
 
     python benchmarks/attention_over_training.py --run-dir runs/copy-attention [--figures docs/figures] [--record]
 
-Trains configs/copy.yaml with train.attention_examples=2 into --run-dir (unless it already holds a finished
+Trains the copy recipe with train.attention_examples=2 into --run-dir (unless it already holds a finished
 run), then reads the recorded attention and prints, for every evaluation, the validation exact match and the
 share of the cross-attention (mean over heads and the two recorded examples) that a target position puts on
 the source token it copies (position i produces y_i = x_i, so the matching key is source position i).
@@ -22,10 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import append_results  # noqa: E402
 
 from tformer.config import load_config  # noqa: E402
-from tformer.train.loop import train  # noqa: E402
+from tformer.recipes import find_recipe  # noqa: E402
+from tformer.training.loop import train  # noqa: E402
 from tformer.viz.record import animate_attention, animate_head_grid, load_recording  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def matching_mass(w: np.ndarray) -> float:
@@ -42,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     run = Path(args.run_dir)
     if not (run / "checkpoints" / "latest").exists():
-        cfg = load_config(ROOT / "configs" / "copy.yaml", ["train.attention_examples=2"])
+        cfg = load_config(find_recipe("copy"), ["train.attention_examples=2"])
         train(cfg, run)
     rec = load_recording(run)
     valid = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
@@ -60,7 +59,7 @@ def main() -> None:
         print(animate_attention(rec, 0, "cross", layer, 0, out / "copy_cross_attention.gif", ms_per_frame=350, dpi=70))
         print(animate_head_grid(rec, 0, "cross", layer, out / "copy_cross_attention_heads.gif", ms_per_frame=350,
                                 dpi=55))
-    notes = (f"configs/copy.yaml (1+1 layers, 4 heads, d=128), validation examples 0 and 1 recorded at every "
+    notes = (f"the copy recipe (1+1 layers, 4 heads, d=128), validation examples 0 and 1 recorded at every "
              f"evaluation ({len(rec.steps)} recordings, step 0 = untrained). A uniform spread over the ~15 source "
              "tokens would put ~0.07 on each.")
     print(notes)

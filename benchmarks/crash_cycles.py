@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
 from tformer.model import build_model  # noqa: E402
-from tformer.train.checkpoint import NoCheckpointError, load_checkpoint  # noqa: E402
-from tformer.train.loop import build_optimizer  # noqa: E402
+from tformer.training.checkpoint import NoCheckpointError, load_checkpoint  # noqa: E402
+from tformer.training.loop import build_optimizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_args(steps: int) -> list[str]:
-    return ["--config", "configs/copy.yaml", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
+    return ["--config", "copy", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
             "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0.1", "data.symbols=6",
             "data.length_mean=5", "data.max_len=8", "data.train_size=200", "data.valid_size=20",
             "data.test_size=20", "train.max_tokens=128", "train.epochs=1000", f"train.max_steps={steps}",

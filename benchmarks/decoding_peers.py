@@ -1,5 +1,8 @@
-"""Decoding speed beside the peers, in one run: tformer, CTranslate2 (fp32, int8) on the export, Hugging Face
-MarianMT `generate` with our weights copied in. Multi30k test2016 sources, batch 64, greedy and beam 5.
+"""Decoding speed beside the peers, in one run: tformer through its public API (`Translator.translate`: raw
+sentences in, detokenised text out), tformer's internal id path (`translate_ids`, what the API calls: the
+difference is the API's own cost), CTranslate2 (fp32, int8) on the export, Hugging Face MarianMT `generate`
+with our weights copied in. Multi30k test2016 sources, batch 64, greedy and beam 5. The API engine tokenises
+and detokenises inside the timing; the others are given token ids or pieces.
 
     python benchmarks/decoding_peers.py --checkpoint runs/multi30k_en_de [--random] [--rounds 3] [--record]
 
@@ -30,13 +33,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, append_results, gemm_ceiling  # noqa: E402
 
+import tformer  # noqa: E402
 from tformer.config import DecodeConfig  # noqa: E402
-from tformer.data.corpus import normalize  # noqa: E402
 from tformer.export import export_ctranslate2, to_hf_marian  # noqa: E402
-from tformer.inference import load_model, translate_ids  # noqa: E402
+from tformer.inference import translate_ids  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
 from tformer.model import build_model  # noqa: E402
-from tformer.viz.attention import token_labels  # noqa: E402
 
 
 def decoder_flops_per_token(cfg, vocab: int, src_len: float, tgt_len: float) -> float:
@@ -56,18 +58,19 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--engines", nargs="+", default=["tformer", "ct2-fp32", "ct2-int8", "hf"])
+    ap.add_argument("--engines", nargs="+", default=["tformer", "tformer-ids", "ct2-fp32", "ct2-int8", "hf"])
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     threads = torch.get_num_threads()
 
-    ckpt, model = load_model(args.checkpoint)
+    translator = tformer.load(args.checkpoint, device="cpu")
+    ckpt, model = translator.checkpoint, translator.model
     src_tok, tgt_tok = ckpt.tokenizers
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
         sources = [line.strip() for line in f][: args.sentences]
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.de.gz", "rt", encoding="utf-8") as f:
         refs = [line.strip() for line in f][: args.sentences]
-    ids = [src_tok.encode(normalize(s)) for s in sources]
+    ids = [translator.encode(s) for s in sources]
     if args.random:
         torch.manual_seed(0)
         cfg = dataclasses.replace(ckpt.cfg.model, d_model=256, n_heads=4, d_ff=1024, encoder_layers=3,
@@ -80,42 +83,46 @@ def main() -> None:
         engines = [e for e in args.engines if e != "hf" or cfg.norm == "post"]
         max_len = 128
     work = Path(tempfile.mkdtemp(prefix="tformer-peers-"))
+    source_ckpt = Path(args.checkpoint)
+    if args.random:  # the random model as a checkpoint folder: the API and the export load it from there
+        from tformer.training.checkpoint import save_checkpoint
+
+        save_checkpoint(work / "run", 0, model, None, {}, dataclasses.replace(ckpt.cfg, model=cfg), ckpt.tokenizers,
+                        best=True)
+        source_ckpt = work / "run"
+        translator = tformer.load(source_ckpt, device="cpu")
     ct2_dirs = {}
     if any(e.startswith("ct2") for e in engines):
         import ctranslate2
 
-        if args.random:  # export the random model through a checkpoint folder
-            from tformer.train.checkpoint import save_checkpoint
-
-            rcfg = dataclasses.replace(ckpt.cfg, model=cfg)
-            save_checkpoint(work / "run", 0, model, None, {}, rcfg, ckpt.tokenizers, best=True)
-            source_ckpt = work / "run"
-        else:
-            source_ckpt = Path(args.checkpoint)
         ct2_dirs["ct2-fp32"] = export_ctranslate2(source_ckpt, work / "ct2-fp32")
         ct2_dirs["ct2-int8"] = export_ctranslate2(source_ckpt, work / "ct2-int8", quantization="int8")
         translators = {k: ctranslate2.Translator(str(v), device="cpu", intra_threads=threads, inter_threads=1)
                        for k, v in ct2_dirs.items()}
     hf = to_hf_marian(model) if "hf" in engines else None
-    pieces = [token_labels(src_tok, x) for x in ids]
+    pieces = [translator.pieces(x, "source") for x in ids]
+    stoi = tgt_tok.vocab.stoi
 
-    def run(engine: str, beam: int, ids: list[list[int]], pieces: list[list[str]]) -> list[list[int]]:
-        if engine == "tformer":
+    def run(engine: str, beam: int, chunk: list[int]) -> list[list[int]]:
+        if engine == "tformer":  # the public API, text in and text out
+            out = translator.translate([sources[i] for i in chunk], beam=beam, len_penalty=0.0, max_len_a=0.0,
+                                       max_len_b=max_len, batch_size=args.batch_size)
+            return [[stoi.get(p, 3) for p in t.tokens] for t in out]
+        if engine == "tformer-ids":  # the id path the API calls
             decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
                                   max_len_a=0.0, max_len_b=max_len, batch_size=args.batch_size)
-            return [h[0] for h in translate_ids(model, ids, decode).tokens]
+            return [h[0] for h in translate_ids(translator.model, [ids[i] for i in chunk], decode).tokens]
         if engine.startswith("ct2"):
-            res = translators[engine].translate_batch(pieces, max_batch_size=args.batch_size, beam_size=beam,
-                                                      length_penalty=0.0, max_decoding_length=max_len,
-                                                      min_decoding_length=0)
-            stoi = tgt_tok.vocab.stoi
+            res = translators[engine].translate_batch([pieces[i] for i in chunk], max_batch_size=args.batch_size,
+                                                      beam_size=beam, length_penalty=0.0,
+                                                      max_decoding_length=max_len, min_decoding_length=0)
             return [[stoi.get(t, 3) for t in r.hypotheses[0]] for r in res]
         # hf: batches in length order, as the others do
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        order = sorted(range(len(chunk)), key=lambda j: -len(ids[chunk[j]]))
         result: dict[int, list[int]] = {}
         for start in range(0, len(order), args.batch_size):
             rows = order[start : start + args.batch_size]
-            inp = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids[i] + [2]) for i in rows], batch_first=True)
+            inp = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids[chunk[j]] + [2]) for j in rows], batch_first=True)
             extra = dict(length_penalty=0.0) if beam > 1 else {}
             with torch.inference_mode():
                 gen = hf.generate(input_ids=inp, attention_mask=inp != 0, num_beams=beam, max_new_tokens=max_len,
@@ -124,11 +131,11 @@ def main() -> None:
                 row = row[1:]
                 row = row[: row.index(2)] if 2 in row else row
                 result[i] = [t for t in row if t != 0]
-        return [result[i] for i in range(len(ids))]
+        return [result[j] for j in range(len(chunk))]
 
     for engine in engines:  # warm-up: first calls pay for lazy initialisation
         for beam in args.beams:
-            run(engine, beam, ids[: args.batch_size], pieces[: args.batch_size])
+            run(engine, beam, list(range(args.batch_size)))
     # every engine gets the same batches: the sentences sorted by length, cut into batch-size chunks, which
     # the engines translate in turns, chunk by chunk (the shared machine's load changes by the second)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
@@ -144,7 +151,7 @@ def main() -> None:
             for chunk in chunks:
                 for engine in engines:
                     tic = time.perf_counter()
-                    out = run(engine, beam, [ids[i] for i in chunk], [pieces[i] for i in chunk])
+                    out = run(engine, beam, chunk)
                     spent[engine] += time.perf_counter() - tic
                     for i, hyp in zip(chunk, out):
                         outputs[engine, beam][i] = hyp

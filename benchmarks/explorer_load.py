@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     if not Path(args.checkpoint).exists():
-        sys.exit(f"{args.checkpoint} does not exist: train one (tformer train --config configs/multi30k_en_de.yaml "
+        sys.exit(f"{args.checkpoint} does not exist: train one (tformer train --config multi30k_en_de "
                  "--run-dir runs/multi30k_en_de) or pass --checkpoint")
     with gzip.open(SHARED_DATA / "multi30k" / "val.en.gz", "rt", encoding="utf-8") as f:
         sentences = [s.strip() for s, _ in zip(f, range(40))]

@@ -42,15 +42,15 @@ from tformer.data import Vocab, collate, load_task, model_lengths, token_budget_
 from tformer.dropout import dropout  # noqa: E402
 from tformer.masks import bipartite_graph, padding_mask, self_graph  # noqa: E402
 from tformer.model import build_model  # noqa: E402
+from tformer.recipes import find_recipe  # noqa: E402
 from tformer.structures import FULL, Structure  # noqa: E402
-from tformer.train.loop import train_step_loss  # noqa: E402
+from tformer.training.loop import train_step_loss  # noqa: E402
 
 H, DH, WINDOW = 4, 64, 32
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def multi30k_config():
-    return load_config(ROOT / "configs" / "multi30k_en_de.yaml", [f"data.dir={SHARED_DATA / 'multi30k'}"])
+    return load_config(find_recipe("multi30k_en_de"), [f"data.dir={SHARED_DATA / 'multi30k'}"])
 
 
 def real_batches(n: int = 8):

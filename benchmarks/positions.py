@@ -4,11 +4,11 @@ sinusoidal vs learned vs TUPE-A vs TUPE-R, on the encoder and the decoder alike 
 
     python benchmarks/positions.py copy speech multi30k [--schemes ...] [--steps N ...] [--append]
 
-copy      length extrapolation: configs/copy.yaml trained on lengths <= 20 (data.max_len=20), tested on its
+copy      length extrapolation: the copy recipe trained on lengths <= 20 (data.max_len=20), tested on its
           own test split and on 1000 sequences of lengths 21-40 (another seed): free-running exact match.
-speech    the synthetic speech-like task (configs/speech_synthetic.yaml): character and word error rate on
+speech    the synthetic speech-like task (the speech_synthetic recipe): character and word error rate on
           test, greedy.
-multi30k  Multi30k en->de (configs/multi30k_en_de.yaml, ../shared/data/multi30k): sacreBLEU and chrF on
+multi30k  Multi30k en->de (the multi30k_en_de recipe, ../shared/data/multi30k): sacreBLEU and chrF on
           test2016, beam 5, on the checkpoint after the budget (one validation at the end: no selection).
 
 Each run goes to runs/bench-pos-TASK-SCHEME (replaced). With --append each task's table is appended to
@@ -31,7 +31,8 @@ from tformer.config import load_config  # noqa: E402
 from tformer.data import load_task  # noqa: E402
 from tformer.evaluation import evaluate  # noqa: E402
 from tformer.inference import load_model  # noqa: E402
-from tformer.train.loop import train  # noqa: E402
+from tformer.recipes import find_recipe  # noqa: E402
+from tformer.training.loop import train  # noqa: E402
 
 SCHEMES = ("sinusoidal", "learned", "tupe", "tupe-r")
 ENCODER_ONLY = ("tupe-enc", "tupe-r-enc")  # TUPE in the encoder, sinusoidal in the decoder (as the source)
@@ -52,7 +53,7 @@ def overrides_for(task: str, scheme: str, steps: int) -> list[str]:
 
 
 def run(task: str, scheme: str, steps: int) -> dict[str, float | str]:
-    cfg = load_config(HERE.parent / "configs" / f"{RECIPES[task]}.yaml", overrides_for(task, scheme, steps))
+    cfg = load_config(find_recipe(RECIPES[task]), overrides_for(task, scheme, steps))
     run_dir = HERE.parent / "runs" / f"bench-pos-{task}-{scheme}"
     shutil.rmtree(run_dir, ignore_errors=True)
     tic = time.perf_counter()
@@ -101,14 +102,14 @@ def table(task: str, rows: list[dict]) -> str:
 
 
 NOTES = {
-    "copy": "configs/copy.yaml (d 128, 1+1 layers, pre-norm) trained on lengths <= 20, the same updates for every "
+    "copy": "the copy recipe (d 128, 1+1 layers, pre-norm) trained on lengths <= 20, the same updates for every "
             "scheme (no early stop at 100%); the checkpoint after the budget is tested. Lengths 21-40: 1000 "
             "sequences, lengths ~ Normal(30, 5) clipped, seed + 1000. Learned tables (learned, tupe) have rows "
             "for positions >= 22 that training never touched.",
-    "speech": "configs/speech_synthetic.yaml (80-dim frames, 4 stacked every 3, d 128, 2+1 layers, character "
+    "speech": "the speech_synthetic recipe (80-dim frames, 4 stacked every 3, d 128, 2+1 layers, character "
               "targets), the scheme on both encoder and decoder; the checkpoint after the budget, greedy "
               "decoding on the 1000 test utterances.",
-    "multi30k": "configs/multi30k_en_de.yaml (d 256, 3+3 layers, shared BPE 6000) with the scheme on both "
+    "multi30k": "the multi30k_en_de recipe (d 256, 3+3 layers, shared BPE 6000) with the scheme on both "
                 "sides, the same updates (a short budget: the full recipe runs ~3400 updates to 37.4 BLEU); the "
                 "checkpoint after the budget, beam 5, length penalty 0.6.",
 }

@@ -3,7 +3,7 @@
     python benchmarks/synthetic_tasks.py copy sort sort_universal [--generalise] [--append]
         [--overrides section.key=value ...]
 
-For each recipe: `tformer train --config configs/RECIPE.yaml` into runs/bench-RECIPE, then the best checkpoint
+For each recipe: `tformer train --config RECIPE` into runs/bench-RECIPE, then the best checkpoint
 (chosen on validation) is evaluated on test. The table reports the wall time of training (evaluations
 included), the step and time at which validation first reached its best, test metrics, and for a universal
 transformer the mean ACT steps per position on test and their distribution.
@@ -29,7 +29,8 @@ from tformer.config import load_config  # noqa: E402
 from tformer.data import load_task  # noqa: E402
 from tformer.evaluation import evaluate, ponder_steps  # noqa: E402
 from tformer.inference import load_model  # noqa: E402
-from tformer.train.loop import train  # noqa: E402
+from tformer.recipes import find_recipe  # noqa: E402
+from tformer.training.loop import train  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
             "|---|---|---|---|---|---|---|" + ("---|" if args.generalise else "") + "---|"]
     for task in args.tasks:
         overrides = list(args.overrides) + (["data.max_len=20"] if args.generalise else [])
-        cfg = load_config(HERE.parent / "configs" / f"{task}.yaml", overrides)
+        cfg = load_config(find_recipe(task), overrides)
         run_dir = HERE.parent / "runs" / (f"bench-{task}-gen" if args.generalise else f"bench-{task}")
         shutil.rmtree(run_dir, ignore_errors=True)
         result = train(cfg, run_dir)

@@ -3,7 +3,7 @@ threads split between them (gloo), the same recipe and the same global batch.
 
     python benchmarks/torchrun_throughput.py [--nproc 2] [--steps 40] [--record]
 
-Trains configs/multi30k_en_de.yaml on ../shared/data/multi30k for --steps updates in each set-up, in turn,
+Trains the multi30k_en_de recipe on ../shared/data/multi30k for --steps updates in each set-up, in turn,
 and reads source+target tokens/s from the run's metrics.jsonl (update time only; the first log window,
 which holds the warm-up, is left out). The single process accumulates N batches per update so both see
 the same batches per update.
@@ -25,8 +25,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, append_results  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def tok_per_s(run: Path) -> float:
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -42,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="tformer-torchrun-"))
-    common = ["--config", str(ROOT / "configs" / "multi30k_en_de.yaml"), "--no-progress",
+    common = ["--config", "multi30k_en_de", "--no-progress",
               f"data.dir={SHARED_DATA / 'multi30k'}", f"train.max_steps={args.steps}", "train.log_every=5",
               "train.attention_examples=0", "train.device=cpu"]
     env = dict(os.environ)
@@ -65,7 +63,7 @@ def main() -> None:
     base = rows[0][1]
     table = ["| set-up | source+target tokens/s | vs 1 process |", "|---|---:|---:|"]
     table += [f"| {name} | {v:,.0f} | {v / base:.2f}x |" for name, v in rows]
-    notes = (f"configs/multi30k_en_de.yaml, {args.steps} updates each, {cores} cores, torch {torch.__version__}; "
+    notes = (f"the multi30k_en_de recipe, {args.steps} updates each, {cores} cores, torch {torch.__version__}; "
              "the eval at the end is not counted. Both see the same batches per update (the torchrun run's "
              "parameters equal the single process's: tests/test_distributed.py).")
     print("\n".join(table) + "\n" + notes)

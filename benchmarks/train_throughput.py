@@ -38,7 +38,7 @@ from tformer.config import Config, ModelConfig  # noqa: E402
 from tformer.data import Vocab, collate, model_lengths, token_budget_batches  # noqa: E402
 from tformer.model import build_model  # noqa: E402
 from tformer.positions import sinusoidal_table  # noqa: E402
-from tformer.train.loop import build_optimizer, train_step_loss  # noqa: E402
+from tformer.training.loop import build_optimizer, train_step_loss  # noqa: E402
 
 V = 8000
 SIZES = {"small": (256, 4, 3, 1024), "base": (512, 8, 6, 2048)}  # d, heads, layers per side, FFN

@@ -24,6 +24,7 @@ from tformer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
+RECIPES = ROOT / "tformer" / "recipes"
 TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.encoder_layers=1", "model.decoder_layers=1",
         "data.vocab_size=60", "train.max_steps=2", "train.eval_every=0", "train.log_every=1"]
 WORDS = "the a cat dog sees runs big small red house man woman child eats".split()
@@ -41,7 +42,7 @@ def write_corpus(folder: Path, n_train: int = 300, n_eval: int = 20) -> Path:
 
 
 def train_args(data: Path, run: Path, *extra: str) -> list[str]:
-    return ["train", "--config", str(ROOT / "configs" / "multi30k_en_de.yaml"), "--run-dir", str(run),
+    return ["train", "--config", str(RECIPES / "multi30k_en_de.yaml"), "--run-dir", str(run),
             "--no-progress", f"data.dir={data}", "data.train_prefix=train", "data.valid_prefix=valid",
             "data.test_prefix=test", *TINY, *extra]
 
@@ -113,7 +114,7 @@ def empty_line_in_text_task(tmp, trained):
     lines = (data / "train.src").read_text().splitlines(keepends=True)
     lines[2] = "\n"
     (data / "train.src").write_text("".join(lines))
-    return (["train", "--config", ROOT / "configs" / "copy.yaml", "--run-dir", tmp / "run", "data.task=text",
+    return (["train", "--config", RECIPES / "copy.yaml", "--run-dir", tmp / "run", "data.task=text",
              f"data.dir={data}", "train.max_steps=1"], b"", ["train.src, line 3: empty line", "remove the pair"])
 
 
@@ -215,7 +216,7 @@ def checkpoint_missing_config(tmp, trained):
 def checkpoint_of_another_model(tmp, trained):
     from tformer.config import load_config
     from tformer.model import build_model
-    from tformer.train.checkpoint import unique_state
+    from tformer.training.checkpoint import unique_state
 
     ckpt = _ckpt_copy(tmp, trained)
     other = load_config(ckpt / "config.yaml", ["model.d_model=32", "model.d_ff=48"])

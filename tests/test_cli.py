@@ -23,7 +23,7 @@ def tformer(*args, stdin=None, cwd=ROOT):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli") / "run"
-    r = tformer("train", "--config", "configs/copy.yaml", "--run-dir", d, *TINY)
+    r = tformer("train", "--config", "copy", "--run-dir", d, *TINY)
     assert r.returncode == 0, r.stderr
     assert "best validation" in r.stdout
     return d
@@ -68,12 +68,23 @@ def test_resume_continues_from_latest(run_dir):
 
 
 def test_unknown_key_and_print_config(tmp_path):
-    r = tformer("train", "--config", "configs/copy.yaml", "model.d_modle=3", "--run-dir", tmp_path / "x")
+    r = tformer("train", "--config", "copy", "model.d_modle=3", "--run-dir", tmp_path / "x")
     assert r.returncode == 2 and "'model.d_modle' is unknown; did you mean 'model.d_model'" in r.stderr
     assert not (tmp_path / "x").exists()  # failed before any work
-    r = tformer("train", "--config", "configs/sort.yaml", "--print-config", "train.lr=0.5")
+    r = tformer("train", "--config", "sort", "--print-config", "train.lr=0.5")
     cfg = yaml.safe_load(r.stdout)
     assert cfg["data"]["task"] == "sort" and cfg["train"]["lr"] == 0.5
+
+
+def test_config_name_is_looked_up_in_the_working_folder_then_the_package(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "copy.yaml").write_text("data:\n  task: sort\n")  # a user's own 'copy' wins
+    r = tformer("train", "--config", "copy", "--print-config", cwd=tmp_path)
+    assert r.returncode == 0 and yaml.safe_load(r.stdout)["data"]["task"] == "sort", r.stderr
+    r = tformer("train", "--config", "sort_universal", "--print-config", cwd=tmp_path)  # packaged
+    assert r.returncode == 0 and yaml.safe_load(r.stdout)["model"]["kind"] == "universal", r.stderr
+    r = tformer("train", "--config", "nope", "--print-config", cwd=tmp_path)
+    assert r.returncode == 2 and "config file nope does not exist" in r.stderr and "copy_universal" in r.stderr
 
 
 def test_data_command_writes_parallel_files(tmp_path):
@@ -95,7 +106,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     import signal
 
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "tformer", "train", "--config", "configs/copy.yaml", "--run-dir", str(run),
+    args = [sys.executable, "-m", "tformer", "train", "--config", "copy", "--run-dir", str(run),
             *TINY, "train.epochs=50", "train.log_every=1", "--no-progress"]
     proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -133,7 +144,8 @@ def test_an_over_long_line_typed_at_a_terminal_is_refused_and_the_session_goes_o
         p.kill() if p.poll() is None else None
         os.close(master)
     assert first == "\n" and second.strip()  # refused with an empty line, then the next one is translated
-    assert "standard input, line 1: 5 source pieces (9 characters), more than --max-source-tokens 3" in p.stderr.read()
+    assert ("standard input, line 1: 5 source pieces (9 characters), more than max_source_tokens=3 "
+            "(--max-source-tokens 3)") in p.stderr.read()
 
 
 def test_translate_answers_line_by_line_on_a_terminal(run_dir):
@@ -158,3 +170,23 @@ def test_translate_answers_line_by_line_on_a_terminal(run_dir):
     assert first.strip() and all(tok in "abcdef" or tok == "<unk>" for tok in first.split())
     assert second == "\n"  # an empty line answers with an empty line
     assert "one sentence per line" in p.stderr.read()
+
+
+def test_only_user_errors_are_one_line_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    """The command line prints a TformerError as one line with status 2; any other exception is a bug in
+    tformer and must not be dressed up as a user mistake."""
+    from tformer import cli
+    from tformer.commands import graph
+    from tformer.errors import DataError
+
+    def fails_with(error):
+        def run(args):
+            raise error
+        return run
+
+    monkeypatch.setattr(graph, "run", fails_with(DataError("x.txt, line 3: something the user can fix")))
+    assert cli.main(["graph", "--out", "g.png"]) == 2
+    assert capsys.readouterr().err.strip() == "tformer graph: error: x.txt, line 3: something the user can fix"
+    monkeypatch.setattr(graph, "run", fails_with(ValueError("an internal invariant broke")))
+    with pytest.raises(ValueError, match="an internal invariant broke"):
+        cli.main(["graph", "--out", "g.png"])

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from tformer.config import save_config
-from tformer.train.loop import train
+from tformer.training.loop import train
 
 from conftest import tiny_config
 

@@ -22,7 +22,7 @@ from tformer.config import DecodeConfig
 from tformer.data import Vocab
 from tformer.explore import Explorer, Limits, make_server
 from tformer.inference import load_model, translate_ids
-from tformer.train.loop import train
+from tformer.training.loop import train
 from tformer.viz.attention import KINDS, attention_maps
 
 from conftest import tiny_config

@@ -5,12 +5,13 @@ import dataclasses
 
 import pytest
 
+import tformer
 from tformer.cli import main
 from tformer.config import DecodeConfig
 from tformer.data import load_task
 from tformer.export import export_ctranslate2, translate_ctranslate2
 from tformer.inference import load_model, translate_ids
-from tformer.train.loop import train
+from tformer.training.loop import train
 
 from conftest import tiny_config
 
@@ -29,6 +30,7 @@ def test_exported_model_translates_like_tformer(tmp_path, model):
     run = _run(tmp_path / "run", **model)
     out = export_ctranslate2(run, tmp_path / "ct2")
     ckpt, m = load_model(str(run))
+    translator = tformer.load(run, device="cpu")  # the checkpoint's tokenizers for the exported model
     data = load_task(ckpt.cfg.data, ("valid",), tokenizers=ckpt.tokenizers)
     sources = data.texts["valid"][0]
     for beam in (1, 4):
@@ -36,7 +38,7 @@ def test_exported_model_translates_like_tformer(tmp_path, model):
                               max_len_a=0.0, max_len_b=30)
         ours = [ckpt.tokenizers[1].decode(h[0]) for h in translate_ids(m, [s for s, _ in data.examples["valid"]],
                                                                        decode).tokens]
-        theirs = translate_ctranslate2(out, ckpt.tokenizers, sources, beam=beam, len_penalty=0.0, max_len=30)
+        theirs = translate_ctranslate2(out, translator, sources, beam=beam, len_penalty=0.0, max_len=30)
         assert theirs == ours
 
 

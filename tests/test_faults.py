@@ -24,14 +24,14 @@ import torch
 from safetensors.torch import load_file
 
 from tformer.model import build_model
-from tformer.train import loop
-from tformer.train.checkpoint import CheckpointError, check_room, load_checkpoint
-from tformer.train.loop import TrainingError, build_optimizer, train
+from tformer.training import loop
+from tformer.training.checkpoint import CheckpointError, check_room, load_checkpoint
+from tformer.training.loop import TrainingError, build_optimizer, train
 
 from conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ["--config", "configs/copy.yaml", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
+RUN = ["--config", "copy", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
        "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0.1", "data.symbols=6",
        "data.length_mean=5", "data.max_len=8", "data.train_size=200", "data.valid_size=20", "data.test_size=20",
        "train.max_tokens=128", "train.epochs=100", "train.max_steps=60", "train.log_every=1", "train.save_every=3",
@@ -42,7 +42,7 @@ RUN = ["--config", "configs/copy.yaml", "model.d_model=32", "model.n_heads=4", "
 # its life: before the call, or, for safetensors files, after writing half of the file.
 KILLER = r"""
 import os, signal, sys
-from tformer.train import checkpoint as ck
+from tformer.training import checkpoint as ck
 K, n = int(os.environ["TFORMER_TEST_KILL_AT"]), [0]
 def die():
     os.kill(os.getpid(), signal.SIGKILL)

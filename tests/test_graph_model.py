@@ -10,7 +10,7 @@ import torch
 from tformer.config import DecodeConfig, ModelConfig, StructureConfig
 from tformer.inference import load_model, translate_ids
 from tformer.model import build_model
-from tformer.train.loop import train
+from tformer.training.loop import train
 
 from conftest import tiny_config
 

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from tformer.config import TrainConfig
-from tformer.train.loss import label_smoothed_nll_loss, smoothed_targets
-from tformer.train.schedule import inverse_sqrt, learning_rate, noam
+from tformer.training.loss import label_smoothed_nll_loss, smoothed_targets
+from tformer.training.schedule import inverse_sqrt, learning_rate, noam
 
 PAD = 0
 
@@ -87,7 +87,7 @@ def test_chunked_generator_loss_equals_the_explicit_formula_and_its_autograd(mon
     """Oracle: logits = hidden W^T + b built whole, the smoothed loss from the explicit distribution, autograd
     for the gradients of hidden, W and b. Chunks of 4 rows over 11 positions (a partial last chunk), padding
     targets inside chunks, float64 so that the comparison is tight."""
-    import tformer.train.loss as loss_mod
+    import tformer.training.loss as loss_mod
 
     monkeypatch.setattr(loss_mod, "CHUNK_ROWS", 4)
     torch.manual_seed(0)

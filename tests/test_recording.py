@@ -11,7 +11,7 @@ from PIL import Image
 from tformer.cli import main
 from tformer.data import load_task
 from tformer.inference import load_model
-from tformer.train.loop import train
+from tformer.training.loop import train
 from tformer.viz.attention import KINDS, attention_maps
 from tformer.viz.curves import plot_curves
 from tformer.viz.record import animate_attention, animate_head_grid, animate_steps, load_recording

@@ -13,7 +13,8 @@ from tformer.data.speech import (SPACE, CharTokenizer, SpeechDataError, Utteranc
                                  read_speech_split, synthetic_speech_split, write_speech_split)
 from tformer.evaluation import evaluate
 from tformer.inference import load_model, translate_ids
-from tformer.train.loop import train
+from tformer.recipes import find_recipe
+from tformer.training.loop import train
 
 
 def _utts(n=3, F=5, seed=0):
@@ -177,7 +178,7 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
             "train.eval_every=200", "train.warmup=60", "train.max_tokens=1500", "train.max_hours=0",
             "train.patience=0", "train.epochs=1000", "model.positions=tupe-r", "model.decoder_positions=sinusoidal",
             "train.attention_examples=1"]
-    cfg = load_config("configs/speech_synthetic.yaml", over)
+    cfg = load_config(find_recipe("speech_synthetic"), over)
     result = train(cfg, tmp_path / "run")
     # learning: untrained models are > 100%; measured 45% after 400 steps with 2 threads, 76% with 1 (the
     # float summation order alone changes this short noisy run that much)
@@ -212,7 +213,7 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
 
 def test_subword_targets_and_their_checkpoint_files(tmp_path):
     from tformer.data.tokenizer import SubwordTokenizer
-    from tformer.train.checkpoint import CheckpointError, load_tokenizers, save_tokenizers
+    from tformer.training.checkpoint import CheckpointError, load_tokenizers, save_tokenizers
 
     cfg = DataConfig(task="synthetic_speech", train_size=300, valid_size=5, test_size=5, target_units="subword",
                      vocab_size=60)
@@ -231,7 +232,7 @@ def test_subword_targets_and_their_checkpoint_files(tmp_path):
 
 def test_char_tokenizer_survives_a_checkpoint(tmp_path):
     from tformer.data.speech import FrameInput
-    from tformer.train.checkpoint import load_tokenizers, save_tokenizers
+    from tformer.training.checkpoint import load_tokenizers, save_tokenizers
 
     tok = CharTokenizer.build(["ab c", "dé"])
     save_tokenizers((FrameInput(), tok), tmp_path)

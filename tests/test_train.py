@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from tformer.config import TrainConfig
 from tformer.data import Vocab, collate
 from tformer.model import build_model
-from tformer.train.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from tformer.train.loop import train, train_step_loss
+from tformer.training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from tformer.training.loop import train, train_step_loss
 
 from conftest import tiny_config
 
@@ -152,7 +152,7 @@ def test_max_hours_stops_after_the_update_that_crosses_it(tmp_path):
 def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_float32_state(tmp_path, monkeypatch):
     """Under autocast the generator's logits come out of a bf16 matmul (the loss then takes the whole-logits
     path and computes in float32), the weights and optimizer state stay float32, and the loss still falls."""
-    import tformer.train.loss as loss_mod
+    import tformer.training.loss as loss_mod
 
     seen = []
     real = loss_mod.label_smoothed_nll_loss
@@ -177,7 +177,7 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_float32_state(tmp_path
 def test_fp16_scaler_skips_overflowing_updates_and_resumes_with_its_scale(tmp_path, monkeypatch):
     """A scale of 2^60 overflows fp16 gradients: those updates are skipped (weights unchanged) and the scale
     halves each time; the scale is saved in the checkpoint and a resume continues from it."""
-    import tformer.train.loop as loop
+    import tformer.training.loop as loop
 
     scaler_class = torch.amp.GradScaler
     monkeypatch.setattr(torch.amp, "GradScaler", lambda device: scaler_class(device, init_scale=2.0**60))

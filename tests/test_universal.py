@@ -10,7 +10,7 @@ from tformer.config import ConfigError, DecodeConfig, ModelConfig
 from tformer.inference import translate_ids
 from tformer.model import build_model
 from tformer.model.universal import ACT
-from tformer.train.loop import train, train_step_loss
+from tformer.training.loop import train, train_step_loss
 
 from conftest import tiny_config
 

@@ -14,16 +14,14 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
+from tformer.errors import ConfigError
+
 
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-class ConfigError(ValueError):
-    """A configuration key, value or combination that cannot work; the message names the key."""
 
 
 def _check(ok: bool, key: str, message: str) -> None:
@@ -298,6 +296,19 @@ class Config:
         _check(not (speech and self.model.share_embeddings), "model.share_embeddings",
                "a frame encoder has no source embeddings to share")
 
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: Sequence[str] = ()) -> "Config":
+        """A YAML recipe, by path or by the name of a packaged recipe ('copy', 'multi30k_en_de'; see
+        tformer.recipes), with dotted overrides such as 'train.max_steps=500' applied on top. Errors name the
+        key and whether it came from the file or the overrides."""
+        from tformer.recipes import find_recipe
+
+        return load_config(find_recipe(path), overrides)
+
+    def to_yaml(self) -> str:
+        """Every setting as YAML: what `--print-config` shows and what a run folder's config.yaml holds."""
+        return yaml.safe_dump(to_dict(self), sort_keys=False)
+
 
 # Settings that may change after training: `translate` and `evaluate` accept overrides for these alone.
 INFERENCE_KEYS = ("decode.", "model.attention")
@@ -341,6 +352,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} for {key}")  # an invariant of this module
 
 
+def _unknown_key(prefix: str, key: Any, names: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(str(key), names, n=1)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+    return ConfigError(f"config key '{prefix}{key}' is unknown{hint}")
+
+
 def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(f"config key '{prefix.rstrip('.') or '<top>'}': must be a mapping, got {data!r}")
@@ -349,9 +366,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
-            raise ConfigError(f"config key '{prefix}{key}' is unknown{hint}")
+            raise _unknown_key(prefix, key, names)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, f"{prefix}{key}.")
@@ -451,4 +466,17 @@ def save_config(cfg: Config, path: str | Path) -> None:
     from tformer.files import replace_atomically
 
     with replace_atomically(path) as f:
-        f.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        f.write(cfg.to_yaml())
+
+
+def updated(section: Any, prefix: str, values: Mapping[str, Any]) -> Any:
+    """The frozen config `section` with `values` in place of its fields, each key and type checked as a YAML
+    file's would be and the section validated again; errors name `prefix.key` (e.g. 'decode.beam_size')."""
+    names = [f.name for f in dataclasses.fields(section)]
+    hints = typing.get_type_hints(type(section))
+    changes = {}
+    for key, value in values.items():
+        if key not in names:
+            raise _unknown_key(f"{prefix}.", key, names)
+        changes[key] = _coerce(value, hints[key], f"{prefix}.{key}")
+    return dataclasses.replace(section, **changes)

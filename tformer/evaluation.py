@@ -9,10 +9,11 @@ import torch
 from tformer.config import SPEECH_TASKS, Config, DecodeConfig
 from tformer.data.speech import error_rates
 from tformer.data import Example, Tokenizer, Vocab, collate, model_lengths, token_budget_batches
+from tformer.errors import ConfigError, DataError
 from tformer.inference import translate_ids
 from tformer.metrics import exact_match, token_accuracy, translation_scores
 from tformer.model import Transformer
-from tformer.train.loss import label_smoothed_nll_loss
+from tformer.training.loss import label_smoothed_nll_loss
 
 
 @torch.inference_mode()
@@ -54,7 +55,7 @@ def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_runn
             metrics["exact_match"] = exact_match(hyps, [t for _, t in examples])
         else:
             if tokenizer is None:
-                raise ValueError("scoring against references needs the target tokenizer")
+                raise DataError("scoring against references needs the target tokenizer")
             texts = [tokenizer.decode(h) for h in hyps]
             if cfg.data.task in SPEECH_TASKS:
                 metrics.update(error_rates(texts, references))
@@ -69,7 +70,7 @@ def ponder_steps(model: Transformer, examples: list[Example], max_tokens: int = 
     """ACT steps per source token and per target token (teacher-forced, which equals decoding: the cache
     is exact) of a universal transformer; one list per example, </s> and <s> included."""
     if model.cfg.kind != "universal":
-        raise ValueError("ponder steps exist only for model.kind=universal")
+        raise ConfigError("ponder steps exist only for model.kind=universal")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device

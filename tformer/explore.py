@@ -1,6 +1,6 @@
 """`tformer explore`: a local web page to translate sentences and look inside the model.
 
-    Explorer(checkpoint)                 the model, its tokenizers and the limits; .translate(request) -> dict
+    Explorer(translator or checkpoint)   a tformer.api.Translator and the limits; .translate(request) -> dict
     make_server(explorer, host, port)    a ThreadingHTTPServer serving the page and the JSON API
     serve(explorer, host, port)          run it until Ctrl-C
 
@@ -39,7 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+
+from tformer.api import Translator, load
+from tformer.errors import ConfigError, TformerError
+from tformer.inspection import KINDS
 
 log = logging.getLogger("tformer")
 PAGE = Path(__file__).resolve().parent / "web" / "explorer.html"
@@ -47,7 +50,7 @@ MAX_BODY = 64 * 1024  # bytes of one request
 FIELDS = {"text", "beam", "nbest", "target"}
 
 
-class RequestError(ValueError):
+class RequestError(TformerError):
     """A request the explorer refuses; the message is shown on the page."""
 
     def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
@@ -65,46 +68,42 @@ class Limits:
 
 
 class Explorer:
-    """A checkpoint made ready to answer explorer requests."""
+    """A Translator (tformer.api) made ready to answer explorer requests; given a path, it loads one."""
 
-    def __init__(self, checkpoint: str | Path, overrides: list[str] = (), limits: Limits = Limits(),
+    def __init__(self, translator: Translator | str | Path, limits: Limits = Limits(), overrides: list[str] = (),
                  which: str = "best") -> None:
-        from tformer.inference import load_model
-
-        self.ckpt, self.model = load_model(str(checkpoint), which=which, overrides=list(overrides))
-        cfg = self.ckpt.cfg
-        if cfg.model.source == "features":
-            raise ValueError(f"{checkpoint} reads feature frames (model.source=features); the explorer translates "
-                             "typed text. Use `tformer transcribe` for frame models")
-        self.cfg = cfg
+        if not isinstance(translator, Translator):
+            translator = load(translator, which=which, overrides=list(overrides), device="cpu")
+        if translator.reads_frames:
+            raise ConfigError(f"{translator.path} reads feature frames (model.source=features); the explorer "
+                              "translates typed text. Use `tformer transcribe` for frame models")
+        self.translator = translator
         self.limits = limits
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tformer-model")
         self._pending = 0  # translations accepted and not yet answered
         self._lock = threading.Lock()
-        self.name = str(checkpoint)
+        self.name = str(translator.path)
         self.examples = self._examples()
-        d = cfg.decode
+        d = translator.config.decode
         self.defaults = {"beam": min(d.beam_size, limits.max_beam),
                          "nbest": min(max(d.nbest, 3), d.beam_size, limits.max_nbest)}
 
     def _examples(self) -> list[str]:
         """A few validation sources to try (when the data is at hand), else none."""
         try:
-            from tformer.data import load_task
-
-            data = load_task(self.cfg.data, ("valid",), tokenizers=self.ckpt.tokenizers)
-            return [s for s in data.texts["valid"][0] if len(s) <= 120][:5]
+            return [s for s in self.translator.load_split("valid").texts["valid"][0] if len(s) <= 120][:5]
         except Exception as e:  # the page works without examples; say why there are none
             log.info("explorer: no example sentences (%s)", e)
             return []
 
     def info(self) -> dict[str, Any]:
-        m = self.cfg.model
+        cfg = self.translator.config
+        m = cfg.model
         universal = m.kind == "universal"
         layers = ({"encoder": m.max_steps, "decoder": m.max_steps, "cross": m.max_steps} if universal else
                   {"encoder": m.encoder_layers, "decoder": m.decoder_layers, "cross": m.decoder_layers})
-        return {"checkpoint": self.name, "step": self.ckpt.trainer.get("step"), "task": self.cfg.data.task,
-                "languages": [self.cfg.data.src_lang, self.cfg.data.tgt_lang],
+        return {"checkpoint": self.name, "step": self.translator.checkpoint.trainer.get("step"),
+                "task": cfg.data.task, "languages": [cfg.data.src_lang, cfg.data.tgt_lang],
                 "model": {"kind": m.kind, "layers": layers, "heads": m.n_heads, "d_model": m.d_model,
                           "layer_name": "step" if universal else "layer", "attention": m.attention,
                           "positions": m.positions, "norm": m.norm},
@@ -142,25 +141,33 @@ class Explorer:
                                f"{self.limits.max_chars}")
         return text, beam, nbest, target
 
+    def _run(self, text: str, beam: int, nbest: int, target: str | None) -> list[dict[str, Any]]:
+        """The hypotheses with their attention: the model's n-best list, or the forced target scored."""
+        if target is not None:
+            forced = self.translator.score([text], [target], return_attention=True)[0]
+            hyps = [(target, forced.log_prob, forced.tokens[:-1], forced.attention)]
+        else:
+            out = self.translator.translate([text], beam=beam, nbest=nbest, return_attention=True)[0]
+            hyps = [(h.text, h.score, h.tokens, h.attention) for h in out.hypotheses]
+        return [{"text": hyp_text, "score": round(score, 4), "pieces": pieces,
+                 "labels": {k: dict(zip(("queries", "keys"), maps.labels(k))) for k in KINDS},
+                 "attention": {k: _rounded(maps.weights[k]) for k in KINDS},
+                 "steps": None if maps.steps is None else {"source": maps.steps[0], "target": maps.steps[1]}}
+                for hyp_text, score, pieces, maps in hyps]
+
     def translate(self, request: Any) -> dict[str, Any]:
         """Answer one /api/translate request (see the module docstring)."""
-        from tformer.data.corpus import normalize
-        from tformer.viz.attention import KINDS, inspect_sentence
-
         text, beam, nbest, target = self._parse(request)
-        n_pieces = len(self.ckpt.tokenizers[0].encode(normalize(text)))
-        if n_pieces > self.limits.max_tokens:
-            raise RequestError(f"the sentence is {n_pieces} pieces long; the limit is {self.limits.max_tokens} "
+        pieces = self.translator.pieces(self.translator.encode(text), "source")
+        if len(pieces) > self.limits.max_tokens:
+            raise RequestError(f"the sentence is {len(pieces)} pieces long; the limit is {self.limits.max_tokens} "
                                "(--max-tokens)")
-        decode = dataclasses.replace(self.cfg.decode, strategy="greedy" if beam == 1 else "beam", beam_size=beam,
-                                     nbest=nbest)
         tic = time.perf_counter()
         started = []
 
         def run():
             started.append(time.perf_counter())
-            with torch.inference_mode():
-                return inspect_sentence(self.model, self.ckpt.tokenizers, text, decode, target=target)
+            return self._run(text, beam, nbest, target)
 
         with self._lock:
             if self._pending >= self.limits.max_queue:
@@ -169,20 +176,12 @@ class Explorer:
                                    HTTPStatus.SERVICE_UNAVAILABLE)
             self._pending += 1
         try:
-            result = self.worker.submit(run).result()
+            hypotheses = self.worker.submit(run).result()
         finally:
             with self._lock:
                 self._pending -= 1
         waited = started[0] - tic
-        hypotheses = []
-        for (hyp_text, score, pieces), maps in zip(result.hypotheses, result.maps):
-            hypotheses.append({
-                "text": hyp_text, "score": round(score, 4), "pieces": pieces,
-                "labels": {k: dict(zip(("queries", "keys"), maps.labels(k))) for k in KINDS},
-                "attention": {k: _rounded(maps.weights[k]) for k in KINDS},
-                "steps": None if maps.steps is None else {"source": maps.steps[0], "target": maps.steps[1]},
-            })
-        return {"source": {"text": text, "pieces": result.pieces}, "hypotheses": hypotheses,
+        return {"source": {"text": text, "pieces": pieces}, "hypotheses": hypotheses,
                 "decode": {"beam": beam, "nbest": nbest, "forced": target is not None},
                 "seconds": round(time.perf_counter() - tic - waited, 4), "queued_seconds": round(waited, 4)}
 
@@ -274,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.OK, self.explorer.translate(request))
         except RequestError as e:
             self._json(e.status, {"error": str(e)})
-        except ValueError as e:  # from the tokenizers or the model: still the input's fault
+        except TformerError as e:  # what the API refused in the request: the input's fault
             self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
         except Exception as e:  # never take the server down; say what happened
             log.exception("explore: request failed")

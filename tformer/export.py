@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from tformer.config import ModelConfig
+from tformer.errors import ConfigError
 from tformer.positions import sinusoidal_table
 
 
@@ -26,12 +27,12 @@ def _require_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise ValueError("export to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+        raise ConfigError("export to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
     return ctranslate2
 
 
 def check_exportable(cfg: ModelConfig) -> None:
-    """Raise ValueError naming the setting CTranslate2's Transformer cannot express."""
+    """Raise ConfigError naming the setting CTranslate2's Transformer cannot express."""
     problems = []
     if cfg.kind != "vanilla":
         problems.append(f"model.kind={cfg.kind} (ACT halting has no CTranslate2 counterpart)")
@@ -46,7 +47,7 @@ def check_exportable(cfg: ModelConfig) -> None:
             and cfg.encoder_structure.global_tokens == cfg.decoder_structure.global_tokens == 0):
         problems.append("a sparse attention structure")
     if problems:
-        raise ValueError("CTranslate2 cannot run this model: " + "; ".join(problems))
+        raise ConfigError("CTranslate2 cannot run this model: " + "; ".join(problems))
 
 
 def _converter_class():
@@ -62,10 +63,10 @@ def _converter_class():
             self.checkpoint, self.which = str(checkpoint), which
 
         def _load(self):
-            from tformer.inference import load_model
+            from tformer.api import load
 
-            ckpt, model = load_model(self.checkpoint, which=self.which)
-            cfg = ckpt.cfg.model
+            translator = load(self.checkpoint, which=self.which, device="cpu")
+            cfg, model = translator.config.model, translator.model
             check_exportable(cfg)
             state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
             activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg.activation]
@@ -79,9 +80,8 @@ def _converter_class():
             _fill(spec.decoder, state, "decoder", cfg, model)
             spec.decoder.projection.weight = state["generator.weight"]
             spec.decoder.projection.bias = state["generator.bias"]
-            src_tok, tgt_tok = ckpt.tokenizers
-            spec.register_source_vocabulary(list(src_tok.vocab.itos))
-            spec.register_target_vocabulary(list(tgt_tok.vocab.itos))
+            spec.register_source_vocabulary(list(translator.source_tokenizer.vocab.itos))
+            spec.register_target_vocabulary(list(translator.target_tokenizer.vocab.itos))
             return spec
 
     return TformerConverter
@@ -132,25 +132,21 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     return Path(converter.convert(str(out), quantization=quantization, force=force))
 
 
-def translate_ctranslate2(model_dir: str | Path, tokenizers, sources: list[str], beam: int = 5,
+def translate_ctranslate2(model_dir: str | Path, translator, sources: list[str], beam: int = 5,
                           len_penalty: float = 0.0, max_len: int = 256, min_len: int = 0, batch_size: int = 64,
                           compute_type: str = "default", threads: int = 0) -> list[str]:
     """Translate raw sentences with an exported model, tokenised and detokenised by the checkpoint's own
-    tokenizers. len_penalty: CTranslate2's (score / length**alpha), not tformer's GNMT penalty; at 0 both
-    rank by the summed log-probability. min_len: as tformer's decode.min_len (CTranslate2's default is 1)."""
-    from tformer.data.corpus import normalize
-    from tformer.viz.attention import token_labels
-
+    tokenizers (`translator`, a tformer.api.Translator of the exported checkpoint). len_penalty: CTranslate2's
+    (score / length**alpha), not tformer's GNMT penalty; at 0 both rank by the summed log-probability.
+    min_len: as tformer's decode.min_len (CTranslate2's default is 1)."""
     ctranslate2 = _require_ctranslate2()
-    src_tok, tgt_tok = tokenizers
-    translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
-                                        intra_threads=threads or torch.get_num_threads())
-    pieces = [token_labels(src_tok, src_tok.encode(normalize(s))) for s in sources]
-    results = translator.translate_batch(pieces, max_batch_size=batch_size, beam_size=beam,
-                                         length_penalty=len_penalty, max_decoding_length=max_len,
-                                         min_decoding_length=min_len)
-    stoi = tgt_tok.vocab.stoi
-    return [tgt_tok.decode([stoi.get(t, 3) for t in r.hypotheses[0]]) for r in results]
+    ct2 = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
+                                 intra_threads=threads or torch.get_num_threads())
+    pieces = [translator.pieces(translator.encode(s), "source") for s in sources]
+    results = ct2.translate_batch(pieces, max_batch_size=batch_size, beam_size=beam, length_penalty=len_penalty,
+                                  max_decoding_length=max_len, min_decoding_length=min_len)
+    stoi = translator.target_tokenizer.vocab.stoi
+    return [translator.decode([stoi.get(t, 3) for t in r.hypotheses[0]]) for r in results]
 
 
 # ------------------------------------------------------------------------------------------ Hugging Face
@@ -164,11 +160,11 @@ def to_hf_marian(model):
     try:
         from transformers import MarianConfig, MarianMTModel
     except ImportError:
-        raise ValueError("the Hugging Face comparison needs transformers: pip install transformers") from None
+        raise ConfigError("the Hugging Face comparison needs transformers: pip install transformers") from None
     cfg = model.cfg
     check_exportable(cfg)
     if cfg.norm != "post":
-        raise ValueError("MarianMT is post-norm only; this model is model.norm=pre")
+        raise ConfigError("MarianMT is post-norm only; this model is model.norm=pre")
     V_src, V_tgt = model.src_embed.tokens.num_embeddings, model.tgt_embed.tokens.num_embeddings
     shared = cfg.share_embeddings
     hf_cfg = MarianConfig(
@@ -265,23 +261,17 @@ class OnnxStep(torch.nn.Module):
 def export_onnx(checkpoint: str | Path, out: str | Path, which: str = "best") -> tuple[Path, Path]:
     """Write OUT/encoder.onnx and OUT/step.onnx (dynamic batch, source and cache lengths) plus the
     vocabularies; returns the two model paths."""
-    import dataclasses
-
-    from tformer.inference import load_model
-    from tformer.train.checkpoint import save_tokenizers
+    from tformer.api import load
+    from tformer.training.checkpoint import save_tokenizers
 
     try:
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError:
-        raise ValueError("ONNX export needs onnx and onnxscript: pip install onnx onnxscript") from None
-    ckpt, model = load_model(str(checkpoint), which=which)
-    cfg = ckpt.cfg.model
+        raise ConfigError("ONNX export needs onnx and onnxscript: pip install onnx onnxscript") from None
+    translator = load(checkpoint, which=which, device="cpu", attention="sdpa")  # graph weights run padded too
+    cfg, model = translator.config.model, translator.model
     check_exportable(cfg)
-    if cfg.attention == "graph":  # the same weights run on the padded kernels
-        model = type(model)(dataclasses.replace(cfg, attention="sdpa"), *(len(t.vocab) for t in ckpt.tokenizers))
-        ckpt.load_model_state(model)
-        model.eval()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     L, H, Dh = len(model.decoder_layers), cfg.n_heads, cfg.d_model // cfg.n_heads
@@ -302,7 +292,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path, which: str = "best") ->
                           output_names=["log_probs", "new_self_k", "new_self_v"],
                           dynamic_shapes=({0: batch}, {0: batch, 1: source}, {1: batch, 3: source},
                                           {1: batch, 3: source}, {1: batch, 3: past}, {1: batch, 3: past}))
-    save_tokenizers(ckpt.tokenizers, out)
+    save_tokenizers(translator.checkpoint.tokenizers, out)
     return enc_path, step_path
 
 

@@ -1,43 +1,83 @@
-"""Glue between a model and the searches in tformer.decode: batches of id lists in, id lists out."""
+"""Glue between a model and the searches in tformer.decode: batches of ids in, n-best ids or log-probabilities
+out. Text never appears here (tformer.api turns text into ids and back).
+
+    translate_ids(model, sources, decode, prefixes=None)   -> NBest, in input order
+    score_ids(model, sources, targets)                     -> per-token log-probabilities (</s> included)
+    load_model(path, which, overrides, device)             -> (Checkpoint, model in eval mode)
+
+Sources are id lists without specials (</s> is added here), or float frames (S, F) for a frame encoder.
+Batches take sentences longest first: `batch_size` sentences each (batch_type "examples"), or as many as
+fit `batch_size` tokens counted as sentences x longest source, padded (batch_type "tokens"). No sentence's
+result depends on the batch it lands in (the searches drop finished sentences; tests compare batch 1 and 7).
+"""
 
 from __future__ import annotations
+
+from typing import Literal, Sequence
 
 import torch
 from torch import Tensor
 
-from tformer.config import DecodeConfig
+from tformer.config import DecodeConfig, check_inference_overrides
 from tformer.data.batching import pad_frames, pad_sequences
 from tformer.data.vocab import Vocab
 from tformer.decode import NBest, max_lengths, search
 from tformer.model import Transformer, build_model
-from tformer.train.checkpoint import Checkpoint, load_checkpoint
+from tformer.training.checkpoint import Checkpoint, load_checkpoint
+
+Source = list[int] | Tensor  # ids without specials, or frames (S, F)
+BatchType = Literal["examples", "tokens"]
+
+
+def decode_batches(lengths: Sequence[int], batch_size: int, batch_type: BatchType = "examples") -> list[list[int]]:
+    """Indices longest first, cut into batches of `batch_size` sentences, or of at most `batch_size` padded
+    tokens (sentences x longest; a sentence longer than the budget goes alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if batch_type == "examples":
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    if batch_type != "tokens":
+        raise ValueError(f"batch_type must be 'examples' or 'tokens', got {batch_type!r}")
+    out: list[list[int]] = []
+    for i in order:  # longest first: the first sentence of a batch fixes its padded width
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= batch_size:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _source_batch(model: Transformer, sources: list[Source]) -> tuple[Tensor, Tensor]:
+    """Padded ids with </s> (B, S), or padded frames (B, S, F); lengths (B,)."""
+    device = next(model.parameters()).device
+    if isinstance(sources[0], Tensor):
+        return pad_frames(sources).to(device), torch.tensor([len(s) for s in sources], device=device)
+    src = pad_sequences([list(s) + [Vocab.eos] for s in sources], Vocab.pad).to(device)  # (B, S)
+    return src, torch.tensor([len(s) + 1 for s in sources], device=device)
+
+
+def _lengths(sources: list[Source]) -> list[int]:
+    return [len(s) + (0 if isinstance(s, Tensor) else 1) for s in sources]
 
 
 @torch.inference_mode()
-def translate_ids(model: Transformer, sources: list[list[int]] | list[Tensor], cfg: DecodeConfig) -> NBest:
-    """Decode every source (ids, no specials; or frames (S, F) for a frame encoder), `cfg.batch_size` at a
-    time, longest first; results in input order. Each sentence's output is independent of the batch it lands
-    in. The length limit is a * (model source length) + b: tokens, or model frames after stacking."""
+def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
+                  prefixes: list[list[int]] | None = None, batch_type: BatchType = "examples") -> NBest:
+    """Decode every source with the search `cfg` describes; results in input order. `prefixes` (one id list
+    per source, possibly empty) force the start of each output. The length limit is a * (model source
+    length) + b: tokens, or model frames after stacking."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     tokens: list[list[list[int]]] = [[] for _ in sources]
     scores: list[list[float]] = [[] for _ in sources]
     try:
-        for start in range(0, len(order), cfg.batch_size):
-            rows = order[start : start + cfg.batch_size]
-            if isinstance(sources[rows[0]], Tensor):
-                src = pad_frames([sources[i] for i in rows]).to(device)  # (B, S, F)
-                src_lengths = torch.tensor([len(sources[i]) for i in rows], device=device)  # (B,)
-            else:
-                src = pad_sequences([sources[i] + [Vocab.eos] for i in rows], Vocab.pad).to(device)  # (B, S)
-                src_lengths = torch.tensor([len(sources[i]) + 1 for i in rows], device=device)  # (B,)
+        for rows in decode_batches(_lengths(sources), cfg.batch_size, batch_type):
+            src, src_lengths = _source_batch(model, [sources[i] for i in rows])
             enc = model.encode(src, src_lengths)
             cache = model.init_cache(enc)
-            n_src = enc.mask.sum(1) - (0 if src.is_floating_point() else 1)  # without </s>
+            n_src = enc.mask.sum(1) - (0 if src.is_floating_point() else 1)  # (B,) without </s>
             limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
-            hyp = search(model.decode_step, cache, limit, cfg, ids=rows)
+            prefix = [prefixes[i] for i in rows] if prefixes is not None else None
+            hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix)
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:
@@ -45,9 +85,45 @@ def translate_ids(model: Transformer, sources: list[list[int]] | list[Tensor], c
     return NBest(tokens, scores)
 
 
-def load_model(path: str, which: str = "best", overrides: list[str] = ()) -> tuple[Checkpoint, Transformer]:
-    """A run folder's `which` checkpoint (or a checkpoint folder) as a model in eval mode."""
-    ckpt = load_checkpoint(path, which=which, overrides=overrides)
+@torch.inference_mode()
+def score_ids(model: Transformer, sources: list[Source], targets: list[list[int]], batch_size: int = 250,
+              batch_type: BatchType = "examples") -> list[list[float]]:
+    """Forced decoding: the log-probability of every target token and of the closing </s> under the model
+    (len(target) + 1 values per pair), by one teacher-forced forward pass per batch."""
+    was_training = model.training
+    model.eval()
+    out: list[list[float]] = [[] for _ in sources]
+    lengths = [max(a, len(t) + 1) for a, t in zip(_lengths(sources), targets)]
+    try:
+        for rows in decode_batches(lengths, batch_size, batch_type):
+            src, src_lengths = _source_batch(model, [sources[i] for i in rows])
+            device = src.device
+            tgt_in = pad_sequences([[Vocab.bos] + targets[i] for i in rows], Vocab.pad).to(device)  # (B, T)
+            gold = torch.tensor([t for i in rows for t in targets[i] + [Vocab.eos]], device=device)  # (Nt,)
+            tgt_lengths = torch.tensor([len(targets[i]) + 1 for i in rows], device=device)  # (B,)
+            hidden = model(src, src_lengths, tgt_in, tgt_lengths).real()  # (Nt, D), sentence after sentence
+            logp = torch.log_softmax(model.generator(hidden).float(), -1)  # (Nt, V)
+            picked = logp.gather(1, gold[:, None])[:, 0].tolist()  # (Nt,)
+            start = 0
+            for i in rows:
+                n = len(targets[i]) + 1
+                out[i], start = picked[start : start + n], start + n
+    finally:
+        model.train(was_training)
+    return out
+
+
+def model_from(ckpt: Checkpoint, device: str | torch.device | None = None) -> Transformer:
+    """The checkpoint's model with its weights, in eval mode on `device` (default: the CPU)."""
     model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
     ckpt.load_model_state(model)
-    return ckpt, model.eval()
+    return model.to(device or "cpu").eval()
+
+
+def load_model(path: str, which: str = "best", overrides: Sequence[str] = (),
+               device: str | torch.device | None = None) -> tuple[Checkpoint, Transformer]:
+    """A run folder's `which` checkpoint (or a checkpoint folder) and its model (see `model_from`).
+    `overrides` may change only what inference may (decode.*, model.attention)."""
+    check_inference_overrides(list(overrides))
+    ckpt = load_checkpoint(path, which=which, overrides=list(overrides))
+    return ckpt, model_from(ckpt, device)

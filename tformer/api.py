@@ -1,0 +1,468 @@
+"""The public face of tformer: load a trained model and translate, score and evaluate with it; train and build
+models from Python. The command line, the explorer page and the exporters are thin layers over this module.
+
+    translator = tformer.load("runs/m30k")                 # a run folder (its best checkpoint) or a checkpoint
+    translator.translate(["A dog runs on the beach ."])[0].text
+    translator.translate(lines, beam=5, nbest=3)           # Translation.hypotheses: the n-best list, best first
+    translator.translate(lines, prefix=["Ein Hund", None]) # force the start of an output
+    translator.translate_iterable(open("big.en"))          # streams: constant memory, input order
+    translator.translate_file("in.en", "out.de")           # every line checked first; written atomically
+    translator.score(sources, targets)                     # forced decoding: total and per-token log-probs
+    translator.evaluate("test")                            # BLEU/chrF, CER/WER or exact match on a split
+    tformer.train(tformer.Config.from_yaml("copy"), "runs/copy")
+
+Text in, text out: sources are raw sentences (normalised and tokenised here with the checkpoint's own
+tokenizers), or float arrays (frames, model.feature_dim) for a frame-encoder (speech) model; outputs are
+detokenised. An empty sentence translates to an empty string without decoding. Decoding settings are
+DecodeConfig's fields (tformer.config), given to `load` as defaults or to each call; `beam=N` is short for
+strategy beam with beam_size N (1: greedy). Bad input raises a tformer.errors.TformerError naming what and
+where (the list index, the file and line, the setting).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
+from tformer.data.corpus import iter_lines, normalize
+from tformer.errors import ConfigError, DataError, NoCheckpointError
+from tformer.inference import BatchType, Source, model_from, score_ids, translate_ids
+from tformer.inspection import AttentionMaps, attention_maps, token_labels
+from tformer.metrics import TranslationScores
+from tformer.training.checkpoint import Checkpoint, load_checkpoint
+
+MAX_SOURCE_TOKENS = 1024  # default limit on a source's pieces: attention memory grows with its square
+CHUNK = 10_000  # sentences read, sorted by length and decoded together by the streaming forms
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    text: str  # detokenised
+    tokens: list[str]  # the target pieces, without <s> and </s>
+    score: float  # beam: log-probability / GNMT length penalty; greedy and sampling: log-probability
+    attention: AttentionMaps | None = None  # with return_attention=True (teacher-forced on this output)
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One source's translation: its n-best hypotheses, best first; `text`, `tokens`, `score` and
+    `attention` are the best one's."""
+
+    source_tokens: list[str]  # the source pieces the model read (empty for frames and empty sources)
+    hypotheses: list[Hypothesis]
+
+    text = property(lambda self: self.hypotheses[0].text)
+    tokens = property(lambda self: self.hypotheses[0].tokens)
+    score = property(lambda self: self.hypotheses[0].score)
+    attention = property(lambda self: self.hypotheses[0].attention)
+
+
+@dataclass(frozen=True)
+class Score:
+    """Forced decoding of one (source, target) pair."""
+
+    log_prob: float  # the sum of token_log_probs: log P(target </s> | source)
+    tokens: list[str]  # the target pieces, then '</s>'
+    token_log_probs: list[float]  # one per token, aligned with `tokens`
+    attention: AttentionMaps | None = None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    split: str
+    metrics: dict[str, float]  # loss, nll, ppl, token_acc, n; bleu/chrf/tok_bleu, cer/wer or exact_match
+    sources: list[str]  # source sentences (utterance ids for speech)
+    references: list[str]
+    outputs: list[str]  # detokenised best hypotheses
+    decode: DecodeConfig  # the settings decoding used
+    seconds: float  # wall time of the evaluation
+    scores: TranslationScores | None = None  # translation: the scores with their sacreBLEU signatures
+
+
+class Translator:
+    """A trained model with its tokenizers and decoding defaults (`tformer.load` makes one)."""
+
+    def __init__(self, checkpoint: Checkpoint, model: torch.nn.Module, max_source_tokens: int = MAX_SOURCE_TOKENS):
+        self.checkpoint = checkpoint
+        self.model = model
+        self.source_tokenizer, self.target_tokenizer = checkpoint.tokenizers
+        self.max_source_tokens = max_source_tokens  # 0: no limit
+
+    @property
+    def config(self) -> Config:
+        return self.checkpoint.cfg
+
+    @property
+    def path(self) -> Path:
+        return self.checkpoint.path
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def reads_frames(self) -> bool:
+        return self.config.model.source == "features"
+
+    def __repr__(self) -> str:
+        m = self.config.model
+        return (f"Translator({str(self.path)!r}, {m.kind} d_model={m.d_model} {m.encoder_layers}+{m.decoder_layers} "
+                f"layers, vocabularies {len(self.source_tokenizer.vocab)}/{len(self.target_tokenizer.vocab)}, "
+                f"device {self.device})")
+
+    # ---------------------------------------------------------------------------------------- tokenizers
+
+    def _tokenizer(self, side: str):
+        if side not in ("source", "target"):
+            raise DataError(f"side must be 'source' or 'target', got {side!r}")
+        if side == "source" and self.reads_frames:
+            raise DataError(f"{self.path} reads feature frames (model.source=features): its source has no text")
+        return self.source_tokenizer if side == "source" else self.target_tokenizer
+
+    def encode(self, text: str, side: str = "source") -> list[int]:
+        """Raw text -> ids (normalised as in training; no <s>/</s>)."""
+        return self._tokenizer(side).encode(normalize(text))
+
+    def decode(self, ids: Iterable[int], side: str = "target") -> str:
+        """Ids -> detokenised text (stops at </s>; <pad> and <s> are dropped)."""
+        return self._tokenizer(side).decode(ids)
+
+    def pieces(self, ids: Iterable[int], side: str = "target") -> list[str]:
+        """The vocabulary entry of each id (SentencePiece pieces keep their '▁' word marks)."""
+        return token_labels(self._tokenizer(side), list(ids))
+
+    # ---------------------------------------------------------------------------------------- checks
+
+    def decode_settings(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
+                        **settings: Any) -> DecodeConfig:
+        """The loaded defaults with these settings (DecodeConfig fields) on top, checked."""
+        values = dict(settings)
+        if beam is not None:
+            values.update(strategy="greedy" if beam == 1 else "beam", beam_size=beam)
+        if nbest is not None:
+            values["nbest"] = nbest
+        if batch_size is not None:
+            values["batch_size"] = batch_size
+        return updated(self.config.decode, "decode", values)
+
+    def _source(self, source: Any, where: str) -> Source | None:
+        """One source, checked: ids of a sentence, frames (S, F), or None for an empty sentence."""
+        if self.reads_frames:
+            from tformer.data.speech import check_frames
+
+            if isinstance(source, str) or not hasattr(source, "shape"):
+                raise DataError(f"{where}: this model reads feature frames, a float array (frames, "
+                                f"{self.config.model.feature_dim}); got {type(source).__name__}")
+            array = source.detach().cpu().numpy() if isinstance(source, Tensor) else np.asarray(source)
+            problem = check_frames(array, self.config.model.feature_dim)
+            if problem:
+                raise DataError(f"{where}: {problem}")
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+        if not isinstance(source, str):
+            raise DataError(f"{where}: a sentence must be a string, got {type(source).__name__}")
+        ids = self.encode(source)
+        limit = self.max_source_tokens
+        if limit and len(ids) > limit:
+            chars = len(source.rstrip("\r\n"))  # a line read from a file keeps its ending
+            raise DataError(f"{where}: {len(ids)} source pieces ({chars:,} characters), more than "
+                            f"max_source_tokens={limit} (--max-source-tokens {limit}); split it into sentences, or "
+                            "raise the limit")
+        return ids or None
+
+    def _sources(self, sources: Sequence[Any], where) -> list[Source | None]:
+        return [self._source(s, where(i)) for i, s in enumerate(sources)]
+
+    def _prefixes(self, prefix: Sequence[str | None] | None, n: int) -> list[list[int]] | None:
+        if prefix is None:
+            return None
+        _check_list(prefix, "prefix")
+        if len(prefix) != n:
+            raise DataError(f"prefix has {len(prefix)} entries for {n} sources; give one per source (None for none)")
+        for i, p in enumerate(prefix):
+            if p is not None and not isinstance(p, str):
+                raise DataError(f"prefix[{i}]: must be a string or None, got {type(p).__name__}")
+        return [self.encode(p, "target") if p else [] for p in prefix]
+
+    # ---------------------------------------------------------------------------------------- translate
+
+    def translate(self, sources: Sequence[Any], *, beam: int | None = None, nbest: int | None = None,
+                  prefix: Sequence[str | None] | None = None, batch_size: int | None = None,
+                  batch_type: BatchType = "examples", return_attention: bool = False,
+                  **settings: Any) -> list[Translation]:
+        """Translate every source (raw sentences, or frame arrays for a frame encoder); one Translation per
+        source, in order. Every source is checked before any is decoded. `prefix`: one string (or None) per
+        source that its outputs must begin with. `batch_size` sentences per batch, or with batch_type
+        'tokens' a budget of padded source tokens; outputs never depend on it. `settings`: more DecodeConfig
+        fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, temperature, top_k,
+        top_p, seed)."""
+        _check_list(sources, "sources")
+        _check_batch_type(batch_type)
+        cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)
+        prefixes = self._prefixes(prefix, len(sources))
+        checked = self._sources(sources, lambda i: f"sources[{i}]")
+        return self._translate(checked, cfg, prefixes, batch_type, return_attention)
+
+    def translate_iterable(self, sources: Iterable[Any], *, chunk_size: int = CHUNK, name: str = "the input",
+                           first_line: int = 1, **options: Any) -> Iterator[Translation]:
+        """Translations of a stream of sources, in input order, reading `chunk_size` at a time: memory does not
+        grow with the input. A bad source stops the stream with an error naming `name` and its line (the first
+        source is line `first_line`). `options`: as `translate` (beam, nbest, batch_size, batch_type,
+        return_attention, DecodeConfig fields)."""
+        if isinstance(sources, (str, bytes)):
+            raise DataError(f"translate_iterable takes an iterable of sentences (a list, an open file), got a "
+                            f"{type(sources).__name__}")
+        _check_chunk(chunk_size)
+        return self._stream(iter(sources), chunk_size, f"{name}, line {{}}", first_line, *self._options(options))
+
+    def translate_file(self, source: str | Path, output: str | Path | IO[str], *, name: str | None = None,
+                       chunk_size: int = CHUNK, **options: Any) -> int:
+        """Translate a UTF-8 text file (plain or gzip), one sentence per line, into `output` (a path, written
+        under a temporary name and renamed when complete, or an open text stream): one line per input line,
+        or with nbest > 1 'index ||| translation ||| score' lines (Moses n-best). Every line is checked
+        first (UTF-8, length), so a bad line stops it before anything is written; reading and decoding then
+        stream in constant memory. Returns the number of lines. `name` names the input in messages."""
+        name = name or str(source)
+        settings = self._options(options)
+        _check_chunk(chunk_size)
+        count = 0
+        for count, line in enumerate(iter_lines(source, name), 1):
+            self._source(line, f"{name}, line {count}")
+        if not count:
+            raise DataError(f"{name} is empty: nothing to translate")
+        if isinstance(output, (str, Path)):
+            if Path(output).is_dir():
+                raise DataError(f"the output {output} is a folder; give a file name")
+            from tformer.files import replace_atomically
+
+            target = replace_atomically(output)
+        else:
+            target = contextlib.nullcontext(output)
+        with target as out:
+            lines = iter_lines(source, name)
+            for index, translation in enumerate(self._stream(lines, chunk_size, f"{name}, line {{}}", 1, *settings)):
+                out.write(format_translation(translation, index, settings[0].nbest > 1))
+        return count
+
+    def _options(self, options: dict[str, Any]) -> tuple[DecodeConfig, BatchType, bool]:
+        """translate's keyword options -> (decoding settings, batch type, return_attention), checked."""
+        options = dict(options)
+        batch_type, return_attention = options.pop("batch_type", "examples"), options.pop("return_attention", False)
+        _check_batch_type(batch_type)
+        return self.decode_settings(**options), batch_type, bool(return_attention)
+
+    def _stream(self, stream: Iterator[Any], chunk_size: int, where: str, first: int, cfg: DecodeConfig,
+                batch_type: BatchType, return_attention: bool) -> Iterator[Translation]:
+        """Chunks of `stream`, checked and translated in turn; `where` formats a source's number for messages."""
+        done = first
+        while chunk := list(itertools.islice(stream, chunk_size)):
+            checked = self._sources(chunk, lambda i: where.format(done + i))
+            yield from self._translate(checked, cfg, None, batch_type, return_attention)
+            done += len(chunk)
+
+    def _translate(self, checked: list[Source | None], cfg: DecodeConfig, prefixes: list[list[int]] | None,
+                   batch_type: BatchType, return_attention: bool) -> list[Translation]:
+        live = [i for i, s in enumerate(checked) if s is not None]
+        nbest = translate_ids(self.model, [checked[i] for i in live], cfg,
+                              None if prefixes is None else [prefixes[i] for i in live], batch_type) if live else None
+        out = [Translation([], [Hypothesis("", [], 0.0)]) for _ in checked]  # empty sources
+        for j, i in enumerate(live):
+            src, hyps = checked[i], nbest.tokens[j]
+            src_pieces = [] if isinstance(src, Tensor) else self.pieces(src, "source")
+            maps = [None] * len(hyps)
+            if return_attention:
+                maps = attention_maps(self.model, [(src, h) for h in hyps], None if isinstance(src, Tensor) else
+                                      [src_pieces] * len(hyps), [self.pieces(h) for h in hyps])
+            out[i] = Translation(src_pieces, [Hypothesis(self.decode(h), self.pieces(h), float(s), m)
+                                              for h, s, m in zip(hyps, nbest.scores[j], maps)])
+        return out
+
+    # ---------------------------------------------------------------------------------------- score, evaluate
+
+    def score(self, sources: Sequence[Any], targets: Sequence[str], *, batch_size: int | None = None,
+              batch_type: BatchType = "examples", return_attention: bool = False) -> list[Score]:
+        """Forced decoding (fairseq's score, CTranslate2's score_batch): the log-probability of each target
+        given its source, token by token, </s> included."""
+        _check_list(sources, "sources")
+        _check_list(targets, "targets")
+        if len(sources) != len(targets):
+            raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
+        _check_batch_type(batch_type)
+        cfg = self.decode_settings(batch_size=batch_size)
+        checked = self._sources(sources, lambda i: f"sources[{i}]")
+        ids = []
+        for i, (src, tgt) in enumerate(zip(checked, targets)):
+            if src is None:
+                raise DataError(f"sources[{i}] is empty: there is nothing to score a translation against")
+            if not isinstance(tgt, str):
+                raise DataError(f"targets[{i}]: a sentence must be a string, got {type(tgt).__name__}")
+            ids.append(self.encode(tgt, "target"))
+        logps = score_ids(self.model, checked, ids, cfg.batch_size, batch_type)
+        out = []
+        for src, tgt, logp in zip(checked, ids, logps):
+            maps = None
+            if return_attention:
+                labels = None if isinstance(src, Tensor) else [self.pieces(src, "source")]
+                maps = attention_maps(self.model, [(src, tgt)], labels, [self.pieces(tgt)])[0]
+            out.append(Score(sum(logp), self.pieces(tgt) + ["</s>"], logp, maps))
+        return out
+
+    def load_split(self, split: str = "test"):
+        """A split of the data the model was trained on (its config's data section), as texts and ids
+        (tformer.data.TaskData), read with the checkpoint's tokenizers."""
+        from tformer.data import load_task
+
+        return load_task(self.config.data, (split,), tokenizers=self.checkpoint.tokenizers,
+                         feature_dim=self.config.model.feature_dim)
+
+    def evaluate(self, split: str = "test", **options: Any) -> Evaluation:
+        """Teacher-forced loss and token accuracy, then free-running decoding of the split scored by sacreBLEU,
+        chrF and tokenized BLEU (translation), CER and WER (speech) or exact match (synthetic tasks).
+        `options`: beam, batch_size and DecodeConfig fields."""
+        from tformer.evaluation import evaluate
+        from tformer.metrics import translation_scores
+
+        cfg = self.config
+        decode = self.decode_settings(**options)
+        data = self.load_split(split)
+        sources, refs = data.texts[split]
+        speech = cfg.data.task in SPEECH_TASKS
+        tic = time.perf_counter()
+        metrics, hyps = evaluate(self.model, data.examples[split], cfg, decode=decode,
+                                 references=refs if speech else None, tokenizer=self.target_tokenizer)
+        seconds = time.perf_counter() - tic
+        outputs = [self.decode(h) for h in hyps]
+        scores = translation_scores(outputs, refs, cfg.data.tgt_lang) if cfg.data.task == "translation" else None
+        if scores:
+            metrics.update(scores.as_dict())
+        return Evaluation(split, metrics, sources, refs, outputs, decode, seconds, scores)
+
+
+def format_translation(translation: Translation, index: int, nbest: bool) -> str:
+    """The output line(s) of one translation: its text, or with `nbest` one 'index ||| text ||| score' line
+    per hypothesis (Moses' n-best format)."""
+    if not nbest:
+        return translation.text + "\n"
+    return "".join(f"{index} ||| {h.text} ||| {h.score:.4f}\n" for h in translation.hypotheses)
+
+
+def _check_list(value: Any, name: str) -> None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        hint = f": wrap one sentence in a list, {name}=[...]" if isinstance(value, str) else ""
+        raise DataError(f"{name} must be a list, got {type(value).__name__}{hint}")
+    if not value:
+        raise DataError(f"{name} is an empty list: nothing to do")
+
+
+def _check_chunk(chunk_size: Any) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise DataError(f"chunk_size must be a whole number >= 1, got {chunk_size!r}")
+
+
+def _check_batch_type(batch_type: Any) -> None:
+    if batch_type not in ("examples", "tokens"):
+        raise ConfigError(f"batch_type must be 'examples' (sentences per batch) or 'tokens' (padded source tokens "
+                          f"per batch), got {batch_type!r}")
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    """None or 'auto': the GPU when PyTorch sees one, else the CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        out = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device {device!r} is not a device; use 'cpu', 'cuda', 'cuda:N' or 'auto'") from None
+    if out.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} was asked for, but PyTorch sees no CUDA device here; use 'cpu'")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- load, train, build
+
+
+def load(path: str | Path, which: str = "best", *, device: str | torch.device | None = None,
+         threads: int | None = None, max_source_tokens: int = MAX_SOURCE_TOKENS, attention: str | None = None,
+         overrides: Sequence[str] = (), **decode: Any) -> Translator:
+    """A Translator for a run folder (its `which` checkpoint: 'best' or 'latest') or a checkpoint folder.
+
+    device: 'cpu', 'cuda', 'cuda:N'; default the GPU when there is one. threads: torch's intra-op threads
+    (process-wide). max_source_tokens: longer sources are refused (0: no limit). attention: the kernel
+    ('sdpa', 'dense', 'graph'). decode: decoding defaults, DecodeConfig fields (beam_size=5, len_penalty=1.0,
+    ...). overrides: the same as dotted strings ('decode.beam_size=5'); like the command line, only decode.*
+    and model.attention may change after training."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"threads must be a whole number >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+    if isinstance(max_source_tokens, bool) or not isinstance(max_source_tokens, int) or max_source_tokens < 0:
+        raise ConfigError(f"max_source_tokens must be a whole number >= 0 (0: no limit), got {max_source_tokens!r}")
+    target = _device(device)
+    check_inference_overrides(list(overrides))
+    ckpt = load_checkpoint(path, which=which, overrides=list(overrides))
+    cfg = ckpt.cfg
+    if attention is not None:
+        cfg = dataclasses.replace(cfg, model=updated(cfg.model, "model", {"attention": attention}))
+    cfg = dataclasses.replace(cfg, decode=updated(cfg.decode, "decode", decode))
+    ckpt = dataclasses.replace(ckpt, cfg=cfg)
+    return Translator(ckpt, model_from(ckpt, target), max_source_tokens)
+
+
+def train_config(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *,
+                 resume: bool = False, overrides: Sequence[str] = ()) -> Config:
+    """The configuration `train` runs with these arguments (what `--print-config` shows)."""
+    from tformer.config import from_dict, load_config, merge_overrides, to_dict
+
+    overrides = list(overrides)
+    if resume and run_dir is None:
+        raise ConfigError("resuming needs the run folder to continue (run_dir, --run-dir)")
+    if isinstance(config, Config):
+        return from_dict(merge_overrides(to_dict(config), overrides)) if overrides else config
+    if config is not None:
+        return Config.from_yaml(config, overrides)
+    if not resume:
+        raise ConfigError("training needs a config: a tformer.Config, a YAML file or a recipe name such as "
+                          "'copy' (--config)")
+    try:
+        return load_checkpoint(run_dir, which="latest", overrides=overrides).cfg
+    except NoCheckpointError:  # stopped before its first checkpoint: the run folder's config restarts it
+        if not (Path(run_dir) / "config.yaml").is_file():
+            raise
+        return load_config(Path(run_dir) / "config.yaml", overrides)
+
+
+def train(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
+          overrides: Sequence[str] = (), progress: bool = False):
+    """Train a model into `run_dir`, or continue the run there (`resume=True`). `config`: a Config, or a
+    YAML recipe (a path, or a packaged recipe's name such as 'copy'), with dotted `overrides` applied on top;
+    to resume, it may be left out: the run's own configuration is used, overrides on top. Without
+    `run_dir`, a new folder under runs/. Under torchrun every process calls this with the same arguments.
+    Returns a TrainResult (run folder, latest checkpoint, step, best validation metrics, time)."""
+    from tformer.training.loop import train as train_loop
+
+    cfg = train_config(config, run_dir, resume=resume, overrides=overrides)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run_dir is None:
+        raise ConfigError("under torchrun, give the run folder (--run-dir): every process must write to the same")
+    if run_dir is None:
+        stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
+        run_dir = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return train_loop(cfg, run_dir, resume=resume, progress=progress)
+
+
+def build_model(config: Config | ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None):
+    """A freshly initialised model of `config` (or of its model section) for vocabularies of these sizes (the
+    target's defaults to the source's)."""
+    from tformer.model import build_model as build
+
+    cfg = config.model if isinstance(config, Config) else config
+    return build(cfg, src_vocab_size, tgt_vocab_size or src_vocab_size)

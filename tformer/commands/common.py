@@ -1,0 +1,86 @@
+"""What several commands share: argument groups, loading a Translator from the command line, output files
+and the lines they print."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import IO, Iterator
+
+CHECKPOINT_HELP = "run folder (uses its best checkpoint) or checkpoint folder"
+INFERENCE_OVERRIDES = "settings that may change after training: decode.* and model.attention"
+
+
+def overrides(sp: argparse.ArgumentParser, help: str) -> None:
+    sp.add_argument("overrides", nargs="*", metavar="section.key=value", help=help)
+    sp.add_argument("--print-config", action="store_true", help="print the full configuration and exit")
+
+
+def progress(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                    help="show a progress bar (default: when stderr is a terminal; else log lines)")
+
+
+def decoding(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--beam", type=int, help="beam size (1 = greedy); same as decode.strategy=beam "
+                    "decode.beam_size=N. Sampling: decode.strategy=sample decode.top_p=0.9 ...")
+    sp.add_argument("--nbest", type=int, help="hypotheses per sentence (decode.nbest)")
+    sp.add_argument("--batch-size", type=int, help="sentences per decoding batch (decode.batch_size); "
+                    "results do not depend on it")
+
+
+def decode_overrides(args: argparse.Namespace) -> list[str]:
+    """--beam/--nbest/--batch-size as decode.* overrides, before the explicit ones (which win)."""
+    out = []
+    if getattr(args, "beam", None) is not None:
+        out += ["decode.strategy=greedy"] if args.beam == 1 else ["decode.strategy=beam", f"decode.beam_size={args.beam}"]
+    if getattr(args, "nbest", None) is not None:
+        out.append(f"decode.nbest={args.nbest}")
+    if getattr(args, "batch_size", None) is not None:
+        out.append(f"decode.batch_size={args.batch_size}")
+    return out + getattr(args, "overrides", [])
+
+
+def load_translator(args: argparse.Namespace, **kwargs):
+    """tformer.load on --checkpoint with the decoding flags and overrides of the command line."""
+    from tformer.api import load
+
+    return load(args.checkpoint, overrides=decode_overrides(args), **kwargs)
+
+
+def print_config(cfg) -> None:
+    sys.stdout.write(cfg.to_yaml())
+
+
+@contextlib.contextmanager
+def output(path: str | None) -> Iterator[IO[str]]:
+    """Standard output, or `path` written under a temporary name and renamed into place when complete: an
+    error or Ctrl-C midway leaves an existing file as it was."""
+    if not path:
+        yield sys.stdout
+        return
+    from tformer.errors import DataError
+    from tformer.files import replace_atomically
+
+    if Path(path).is_dir():
+        raise DataError(f"--output {path} is a folder; give a file name")
+    with replace_atomically(path) as f:
+        yield f
+
+
+def describe_decode(cfg) -> str:
+    d = cfg.decode
+    how = {"greedy": "greedy", "beam": f"beam {d.beam_size}, length penalty alpha {d.len_penalty}",
+           "sample": f"sampling (temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}, seed {d.seed})"}
+    extra = (f", min length {d.min_len}" if d.min_len else "") + \
+        (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "")
+    return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {d.batch_size} "
+            f"sentences, kernel {cfg.model.attention}")
+
+
+def show_examples(sources: list[str], refs: list[str], outputs: list[str], n: int) -> None:
+    for src, ref, out in list(zip(sources, refs, outputs))[:n]:
+        mark = "ok " if out == ref else "   "
+        print(f"  [{mark}] {src}\n        -> {out}\n   (ref) {ref}")

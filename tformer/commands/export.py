@@ -1,0 +1,42 @@
+"""tformer export: a checkpoint as a CTranslate2 model folder or as ONNX graphs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("export", help="export a checkpoint to CTranslate2 or ONNX",
+                        description="ctranslate2: a CTranslate2 model folder, through CTranslate2's own converter "
+                        "API (pip install ctranslate2); the vocabularies are the checkpoint's, </s> is added to "
+                        "every source. onnx: encoder.onnx (the encoder and the first decoding step) and "
+                        "step.onnx (one decoding step with its key/value cache), dynamic batch and lengths "
+                        "(pip install onnx onnxscript). Vanilla models with sinusoidal or learned positions, "
+                        "pre- or post-norm, ReLU or GELU. Example: tformer export --format ctranslate2 "
+                        "runs/m30k runs/m30k-ct2 --quantization int8")
+    sp.add_argument("--format", required=True, choices=("ctranslate2", "onnx"), help="target format")
+    sp.add_argument("checkpoint", metavar="RUN_DIR", help="run folder (its best checkpoint) or checkpoint folder")
+    sp.add_argument("out", metavar="OUT", help="folder to write")
+    sp.add_argument("--quantization", choices=("int8", "int8_float32", "int16", "float16", "bfloat16"),
+                    help="store the weights quantized (default: float32)")
+    sp.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    sp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tformer.errors import ConfigError
+    from tformer.export import export_ctranslate2, export_onnx
+
+    if args.format == "onnx":
+        if args.quantization:
+            raise ConfigError("--quantization is for --format ctranslate2")
+        enc, step = export_onnx(args.checkpoint, args.out)
+        print(f"wrote {enc} (encoder + first step) and {step} (one decoding step) from {args.checkpoint}")
+        print("see tformer.export.onnx_greedy for the decoding loop over them (onnxruntime)")
+        return 0
+    out = export_ctranslate2(args.checkpoint, args.out, quantization=args.quantization, force=args.force)
+    print(f"wrote the CTranslate2 model {out} (from {args.checkpoint}"
+          f"{', ' + args.quantization if args.quantization else ''})")
+    print("translate with ctranslate2.Translator, feeding the checkpoint's pieces (tformer.export.translate_ctranslate2 "
+          "does the tokenising)")
+    return 0
