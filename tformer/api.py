@@ -21,7 +21,6 @@ where (the list index, the file and line, the setting).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -37,6 +36,7 @@ from torch import Tensor
 from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
 from tformer.data.corpus import iter_lines, normalize
 from tformer.errors import ConfigError, DataError, NoCheckpointError
+from tformer.files import writing
 from tformer.inference import BatchType, Source, model_from, score_ids, translate_ids
 from tformer.inspection import AttentionMaps, attention_maps, token_labels
 from tformer.metrics import TranslationScores
@@ -147,14 +147,7 @@ class Translator:
     def decode_settings(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
                         **settings: Any) -> DecodeConfig:
         """The loaded defaults with these settings (DecodeConfig fields) on top, checked."""
-        values = dict(settings)
-        if beam is not None:
-            values.update(strategy="greedy" if beam == 1 else "beam", beam_size=beam)
-        if nbest is not None:
-            values["nbest"] = nbest
-        if batch_size is not None:
-            values["batch_size"] = batch_size
-        return updated(self.config.decode, "decode", values)
+        return updated(self.config.decode, "decode", {**settings, **decode_fields(beam, nbest, batch_size)})
 
     def _source(self, source: Any, where: str) -> Source | None:
         """One source, checked: ids of a sentence, frames (S, F), or None for an empty sentence."""
@@ -240,15 +233,7 @@ class Translator:
             self._source(line, f"{name}, line {count}")
         if not count:
             raise DataError(f"{name} is empty: nothing to translate")
-        if isinstance(output, (str, Path)):
-            if Path(output).is_dir():
-                raise DataError(f"the output {output} is a folder; give a file name")
-            from tformer.files import replace_atomically
-
-            target = replace_atomically(output)
-        else:
-            target = contextlib.nullcontext(output)
-        with target as out:
+        with writing(output) as out:
             lines = iter_lines(source, name)
             for index, translation in enumerate(self._stream(lines, chunk_size, f"{name}, line {{}}", 1, *settings)):
                 out.write(format_translation(translation, index, settings[0].nbest > 1))
@@ -346,6 +331,19 @@ class Translator:
         if scores:
             metrics.update(scores.as_dict())
         return Evaluation(split, metrics, sources, refs, outputs, decode, seconds, scores)
+
+
+def decode_fields(beam: int | None = None, nbest: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
+    """The DecodeConfig fields that `beam` (1: greedy search, N: beam search of N), `nbest` and `batch_size`
+    stand for (those given)."""
+    out: dict[str, Any] = {}
+    if beam is not None:
+        out.update(strategy="greedy" if beam == 1 else "beam", beam_size=beam)
+    if nbest is not None:
+        out["nbest"] = nbest
+    if batch_size is not None:
+        out["batch_size"] = batch_size
+    return out
 
 
 def format_translation(translation: Translation, index: int, nbest: bool) -> str:

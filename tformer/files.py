@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import IO, Iterator
 
+from tformer.errors import DataError
+
 
 @contextlib.contextmanager
 def replace_atomically(path: str | Path, fsync: bool = False) -> Iterator[IO[str]]:
@@ -24,3 +26,16 @@ def replace_atomically(path: str | Path, fsync: bool = False) -> Iterator[IO[str
     finally:
         with contextlib.suppress(OSError):  # gone (renamed), or never made
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def writing(target: str | Path | IO[str], name: str = "the output") -> Iterator[IO[str]]:
+    """An open text stream as it is, or a path written atomically (`replace_atomically`): an error or Ctrl-C
+    midway leaves an existing file as it was. `name` names the target in the error for a folder."""
+    if not isinstance(target, (str, Path)):
+        yield target
+        return
+    if Path(target).is_dir():
+        raise DataError(f"{name} {target} is a folder; give a file name")
+    with replace_atomically(target) as f:
+        yield f

@@ -4,10 +4,7 @@ and the lines they print."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-from pathlib import Path
-from typing import IO, Iterator
 
 CHECKPOINT_HELP = "run folder (uses its best checkpoint) or checkpoint folder"
 INFERENCE_OVERRIDES = "settings that may change after training: decode.* and model.attention"
@@ -33,14 +30,10 @@ def decoding(sp: argparse.ArgumentParser) -> None:
 
 def decode_overrides(args: argparse.Namespace) -> list[str]:
     """--beam/--nbest/--batch-size as decode.* overrides, before the explicit ones (which win)."""
-    out = []
-    if getattr(args, "beam", None) is not None:
-        out += ["decode.strategy=greedy"] if args.beam == 1 else ["decode.strategy=beam", f"decode.beam_size={args.beam}"]
-    if getattr(args, "nbest", None) is not None:
-        out.append(f"decode.nbest={args.nbest}")
-    if getattr(args, "batch_size", None) is not None:
-        out.append(f"decode.batch_size={args.batch_size}")
-    return out + getattr(args, "overrides", [])
+    from tformer.api import decode_fields
+
+    flags = decode_fields(getattr(args, "beam", None), getattr(args, "nbest", None), getattr(args, "batch_size", None))
+    return [f"decode.{key}={value}" for key, value in flags.items()] + getattr(args, "overrides", [])
 
 
 def load_translator(args: argparse.Namespace, **kwargs):
@@ -54,20 +47,12 @@ def print_config(cfg) -> None:
     sys.stdout.write(cfg.to_yaml())
 
 
-@contextlib.contextmanager
-def output(path: str | None) -> Iterator[IO[str]]:
+def output(path: str | None):
     """Standard output, or `path` written under a temporary name and renamed into place when complete: an
     error or Ctrl-C midway leaves an existing file as it was."""
-    if not path:
-        yield sys.stdout
-        return
-    from tformer.errors import DataError
-    from tformer.files import replace_atomically
+    from tformer.files import writing
 
-    if Path(path).is_dir():
-        raise DataError(f"--output {path} is a folder; give a file name")
-    with replace_atomically(path) as f:
-        yield f
+    return writing(path or sys.stdout, "--output")
 
 
 def describe_decode(cfg) -> str:

@@ -32,15 +32,24 @@ def normalize(line: str) -> str:
     return " ".join(unicodedata.normalize("NFC", line).translate(_TRANSLATE).split())
 
 
-def _open_bytes(path: Path) -> bytes:
+def _open(path: str | Path) -> BinaryIO:
+    """`path` opened to read bytes; the errors name the file and say what is wrong with it."""
     try:
-        raw = path.read_bytes()
+        return open(path, "rb")
     except FileNotFoundError:
         raise DataError(f"{path} does not exist") from None
     except IsADirectoryError:
         raise DataError(f"{path} is a folder, not a text file") from None
     except OSError as e:
         raise DataError(f"{path} cannot be read ({e.strerror})") from None
+
+
+def _open_bytes(path: Path) -> bytes:
+    with _open(path) as f:
+        try:
+            raw = f.read()
+        except OSError as e:
+            raise DataError(f"{path} cannot be read ({e.strerror})") from None
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
@@ -82,14 +91,7 @@ def iter_lines(source: str | Path | BinaryIO, where: str | None = None) -> Itera
     where = where or str(source)
     with contextlib.ExitStack() as stack:
         if isinstance(source, (str, Path)):
-            try:
-                f = stack.enter_context(open(source, "rb"))
-            except FileNotFoundError:
-                raise DataError(f"{source} does not exist") from None
-            except IsADirectoryError:
-                raise DataError(f"{source} is a folder, not a text file") from None
-            except OSError as e:
-                raise DataError(f"{source} cannot be read ({e.strerror})") from None
+            f = stack.enter_context(_open(source))
         else:
             f = source
             f.seek(0)
