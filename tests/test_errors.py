@@ -168,6 +168,20 @@ def _damaged_recording(tmp_path):
     load_recording(tmp_path / "run")
 
 
+def _recording_whose_labels_name_missing_tensors(tmp_path):
+    """A valid safetensors file whose labels promise an example the tensors do not hold (tampered, or
+    written by something else)."""
+    from safetensors.numpy import save_file
+
+    from tformer.viz.record import load_recording
+
+    (tmp_path / "run" / "attention").mkdir(parents=True)
+    save_file({"0.encoder": np.zeros((1, 1, 2, 2), dtype=np.float16)},
+              str(tmp_path / "run" / "attention" / "step_0000100.safetensors"),
+              metadata={"labels": json.dumps([[["a", "</s>"], ["A"]]])})
+    load_recording(tmp_path / "run")
+
+
 def _example_out_of_range(tmp_path):
     from tformer.viz.record import Recording, animate_attention
 
@@ -284,6 +298,8 @@ CASES = [
     ("error rate count", _error_rate_counts, DataError, "2 hypotheses for 1 references"),
     ("no attention recording", _no_recording, DataError, "has no recorded attention"),
     ("damaged attention recording", _damaged_recording, DataError, "step_0000100.safetensors is not a tformer"),
+    ("recording labels without tensors", _recording_whose_labels_name_missing_tensors, DataError,
+     "step_0000100.safetensors is not a tformer attention recording (KeyError: '0.decoder')"),
     ("example index out of range", _example_out_of_range, DataError, "1 examples (0..0); got 3"),
     ("metrics line not JSON", _metrics_not_json, DataError, "metrics.jsonl:2: not a JSON record"),
     ("metrics file missing", _metrics_missing, DataError, "metrics.jsonl does not exist"),

@@ -109,26 +109,31 @@ def load_recording(run_dir: str | Path) -> Recording:
     steps, frames = [], []
     for step, path in found:
         try:
-            tensors = load_file(str(path))
-            with safe_open(str(path), "np") as f:
-                meta = f.metadata() or {}
-            labels = json.loads(meta["labels"])
-        except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
-            raise DataError(f"{path} is not a tformer attention recording ({e}); delete it or re-record") from None
-        maps = []
-        for i, (source, target) in enumerate(labels):
-            steps_i = None
-            if f"{i}.steps.source" in tensors:
-                steps_i = (tensors[f"{i}.steps.source"].tolist(), tensors[f"{i}.steps.target"].tolist())
-            maps.append(AttentionMaps(source, ["<s>"] + target, target + ["</s>"],
-                                      {k: tensors[f"{i}.{k}"].astype(np.float32) for k in KINDS},
-                                      meta.get("layer_name", "layer"), steps_i))
+            frames.append(_read_step(path))
+        except (SafetensorError, OSError, KeyError, TypeError, ValueError) as e:  # json's errors are ValueErrors
+            raise DataError(f"{path} is not a tformer attention recording ({type(e).__name__}: {e}); delete it "
+                            "or re-record") from None
         steps.append(step)
-        frames.append(maps)
     if len({len(f) for f in frames}) != 1:
         raise DataError(f"{run_dir}: the recorded steps hold different numbers of examples; was "
                         "train.attention_examples changed on resume? Delete the attention/ folder's older files")
     return Recording(steps, frames)
+
+
+def _read_step(path: Path) -> list[AttentionMaps]:
+    """The maps of every example in one step's file (labels in the metadata, weights as tensors)."""
+    tensors = load_file(str(path))
+    with safe_open(str(path), "np") as f:
+        meta = f.metadata() or {}
+    maps = []
+    for i, (source, target) in enumerate(json.loads(meta["labels"])):
+        steps = None
+        if f"{i}.steps.source" in tensors:
+            steps = (tensors[f"{i}.steps.source"].tolist(), tensors[f"{i}.steps.target"].tolist())
+        maps.append(AttentionMaps(source, ["<s>"] + target, target + ["</s>"],
+                                  {k: tensors[f"{i}.{k}"].astype(np.float32) for k in KINDS},
+                                  meta.get("layer_name", "layer"), steps))
+    return maps
 
 
 # ------------------------------------------------------------------------------------------ animation
