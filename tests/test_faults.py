@@ -13,9 +13,11 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,28 +150,70 @@ def test_kill_inside_every_stage_of_a_checkpoint_write_then_resume(tmp_path, ref
     _finish_and_compare(run, reference)
 
 
+LAST_KILL = 54  # training kills aim at updates up to here, well before the run's 60 (see below)
+
+
+class Stderr:
+    """A child's stderr, read by a thread: every line, and the last update the run has logged."""
+
+    def __init__(self, p: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self.step, self.closed = 0, False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(p.stderr,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            update = re.search(r" step (\d+) ", line)  # '... step N  epoch E  loss L ...', once per update
+            with self.cond:
+                self.lines.append(line)
+                if update and " loss " in line:
+                    self.step = int(update.group(1))
+                self.cond.notify_all()
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def wait_for_update(self, step: int, timeout: float | None = None) -> None:
+        """Until the run has logged update `step` (or its stderr closed, or `timeout` seconds passed)."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.step >= step or self.closed, timeout)
+
+    def text(self) -> str:
+        self.thread.join(timeout=60)
+        return "".join(self.lines)
+
+
 def test_kill_9_and_ctrl_c_at_random_moments_then_resume(tmp_path, reference):
-    """Kill the run at random moments and resume, until it completes: mostly SIGKILL a random 0-0.6 s after
-    training is under way (an update, an evaluation or a checkpoint write), every 5th cycle SIGKILL during
-    start-up, every 5th SIGINT (Ctrl-C) during training."""
+    """Kill the run at random moments and resume, until it completes: mostly SIGKILL during training (an
+    update, an evaluation or a checkpoint write), every 5th cycle SIGKILL during start-up, every 5th SIGINT
+    (Ctrl-C) during training. The moments are counted in what the run has logged, so that a fast machine
+    cannot finish the run first: a training kill waits for a random update in the first half of what is
+    left, then a random 0-50 ms more; a start-up kill comes a random 0.5-3 s after the start, or at the first
+    update if that is sooner. Once the latest checkpoint has passed LAST_KILL the run is left to finish."""
     rng = random.Random(int(os.environ.get("TFORMER_TEST_SEED", "0")))
     run = tmp_path / "run"
     outcomes = []
     while True:
         cycle = len(outcomes)
+        done = (outcomes[-1][2] or 0) if outcomes else 0  # the step of the latest checkpoint
         p = _start(run, resume=run.exists())
+        stderr = Stderr(p)
         sig = signal.SIGINT if cycle % 5 == 3 else signal.SIGKILL
-        if cycle % 5 == 1:
-            time.sleep(rng.uniform(0.5, 3.0))  # start-up: imports, data, tokenizers, the checkpoint load
+        if cycle % 5 == 1:  # start-up: imports, data, tokenizers, the checkpoint load
+            stderr.wait_for_update(done + 1, timeout=rng.uniform(0.5, 3.0))
+        elif done < LAST_KILL:
+            stderr.wait_for_update(rng.randint(done + 1, done + 1 + (LAST_KILL - done) // 2), timeout=300)
+            time.sleep(rng.uniform(0.0, 0.05))
         else:
-            for line in p.stderr:  # training under way
-                if " step " in line and " loss " in line:
-                    break
-            time.sleep(rng.uniform(0.0, 0.6))
-        with contextlib.suppress(ProcessLookupError):
-            p.send_signal(sig)
-        _, err = p.communicate(timeout=300)
-        outcomes.append((sig.name, p.returncode, _check_latest_loads(run)))
+            sig = None
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(sig)
+        p.wait(timeout=300)
+        err = stderr.text()
+        outcomes.append((sig.name if sig else "none", p.returncode, _check_latest_loads(run)))
         if p.returncode == 0:
             break
         if p.returncode == -signal.SIGINT and outcomes[-1][2] == 60:  # Ctrl-C as the finished run exits
