@@ -196,6 +196,18 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
     # batch-invariant decoding of frames
     alone = [translate_ids(model, [s], ckpt.cfg.decode).tokens[0][0] for s, _ in data.examples["test"][:5]]
     assert alone == hyps[:5]
+    # the Python API takes frames as numpy arrays or tensors, checked like the .npy files
+    import tformer
+    from tformer.errors import DataError
+
+    translator = tformer.load(tmp_path / "run", device="cpu")
+    arrays = [s.numpy() for s, _ in data.examples["test"][:3]]
+    assert [t.text for t in translator.translate(arrays)] == texts[:3]
+    assert [t.text for t in translator.translate([torch.from_numpy(a) for a in arrays])] == texts[:3]
+    with pytest.raises(DataError, match=r"sources\[1\]: .*7 values per frame"):
+        translator.translate([arrays[0], np.zeros((3, 7), dtype=np.float32)])
+    with pytest.raises(DataError, match=r"sources\[0\]: this model reads feature frames"):
+        translator.translate(["a b"])
     # the command line: evaluate prints CER/WER; transcribe reads the user format
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run"), "--split", "test"]) == 0
     assert "character error rate" in capsys.readouterr().out
