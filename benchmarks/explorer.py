@@ -4,7 +4,7 @@
 
 Serves the checkpoint in this process (tformer.explore.make_server on 127.0.0.1), posts Multi30k test2016
 sentences one at a time, and reports the round trip (what the page waits for) beside the model's own time
-and plain decoding of the same sentences with the same settings (translate_ids, no attention, no HTTP), so
+and plain decoding of the same sentences with the same settings (Translator.translate, no attention, no HTTP), so
 the cost of the attention and of JSON is visible. Then the same requests from 4 clients at once.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import gzip
 import json
 import statistics
@@ -25,9 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, report  # noqa: E402
 
-from tformer.data.corpus import normalize  # noqa: E402
 from tformer.explore import Explorer, make_server  # noqa: E402
-from tformer.inference import translate_ids  # noqa: E402
 
 
 def post(url: str, body: dict) -> tuple[float, dict, int]:
@@ -83,13 +80,11 @@ def main() -> None:
     body = lambda s: {"text": s, "beam": args.beam, "nbest": args.nbest}  # noqa: E731
     post(url, body(sentences[0]))  # warm-up
 
-    src_tok = explorer.ckpt.tokenizers[0]
-    decode = dataclasses.replace(explorer.cfg.decode, strategy="beam", beam_size=args.beam, nbest=args.nbest,
-                                 batch_size=1)
+    translator = explorer.translator
     trips, model, sizes, plain = [], [], [], []
     for s in sentences:  # interleaved, so both see the same machine load
         tic = time.perf_counter()
-        translate_ids(explorer.model, [src_tok.encode(normalize(s))], decode)
+        translator.translate([s], beam=args.beam, nbest=args.nbest, batch_size=1)
         plain.append(time.perf_counter() - tic)
         t, out, n = post(url, body(s))
         trips.append(t)
@@ -105,7 +100,7 @@ def main() -> None:
     server.shutdown()
 
     ms = lambda x: f"{1000 * x:.0f}"  # noqa: E731
-    lengths = [len(src_tok.encode(normalize(s))) for s in sentences]
+    lengths = [len(translator.encode(s)) for s in sentences]
     rows = [
         ("round trip (one client)", trips),
         ("  of which the model: decode + attention of every hypothesis", model),
@@ -116,8 +111,8 @@ def main() -> None:
     table += [f"| {name} | {ms(statistics.median(xs))} | {ms(pct(xs, 0.9))} | {ms(max(xs))} |" for name, xs in rows]
     notes = (f"{len(sentences)} Multi30k test2016 sentences ({statistics.mean(lengths):.1f} source pieces on average, "
              f"max {max(lengths)}), beam {args.beam}, n-best {args.nbest}, checkpoint {args.checkpoint} "
-             f"({explorer.cfg.model.encoder_layers}+{explorer.cfg.model.decoder_layers} layers, "
-             f"{explorer.cfg.model.n_heads} heads, d={explorer.cfg.model.d_model}). Response size median "
+             f"({translator.config.model.encoder_layers}+{translator.config.model.decoder_layers} layers, "
+             f"{translator.config.model.n_heads} heads, d={translator.config.model.d_model}). Response size median "
              f"{statistics.median(sizes) / 1024:.0f} KiB (attention of all {args.nbest} hypotheses, every kind, "
              f"layer and head, 4 decimals). {args.clients} clients at once: {len(sentences)} requests in "
              f"{wall:.2f} s ({len(sentences) / wall:.1f} requests/s; one client: "
