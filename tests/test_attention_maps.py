@@ -25,8 +25,8 @@ def test_first_encoder_layer_is_the_softmax_of_scaled_scores_written_out():
     m = _model(attention="dense")
     maps = attention_maps(m, PAIRS)
     src = torch.tensor([PAIRS[0][0] + [2]])  # + </s>
-    x = m.src_embed(src)[0]  # (S, D) eval: no dropout
-    q, k, _ = m.encoder_layers[0].self_attn.in_proj(x).chunk(3, -1)
+    x = m.src_embed(src).x[0]  # (S, D) eval: no dropout
+    q, k, _ = m.encoder.layers[0].self_attn.in_proj(x).chunk(3, -1)
     for h in range(2):
         qh, kh = q[:, h * 8 : (h + 1) * 8], k[:, h * 8 : (h + 1) * 8]
         want = torch.softmax(qh @ kh.T / math.sqrt(8), -1).detach().numpy()
@@ -73,8 +73,8 @@ def test_labels_follow_what_each_position_reads_and_produces():
 def test_universal_transformer_maps_are_per_step_and_blank_after_halting():
     m = _model(kind="universal", max_steps=4, act_bias_init=-1.0)
     with torch.no_grad():  # make positions halt at different steps
-        m.encoder_halt.weight.normal_(0, 2.0)
-        m.decoder_halt.weight.normal_(0, 2.0)
+        m.encoder.halt.weight.normal_(0, 2.0)
+        m.decoder.halt.weight.normal_(0, 2.0)
     maps = attention_maps(m, [PAIRS[0]])[0]
     assert maps.layer_name == "step" and maps.steps is not None
     src_steps, tgt_steps = maps.steps

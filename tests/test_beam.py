@@ -9,7 +9,7 @@ import torch
 
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import beam_search, filter_logits, greedy_search, length_penalty, sample
+from tformer.decode import TensorCache, beam_search, filter_logits, greedy_search, length_penalty, sample
 from tformer.inference import translate_ids
 from tformer.model import build_model
 
@@ -29,7 +29,7 @@ def table_step(table):
                 logits[r, tok] = math.log(p)
         # a sentence-level entry must keep one row per sentence
         assert cache["sentence"].shape[0] * (prev.shape[0] // cache["sentence"].shape[0]) == prev.shape[0]
-        return logits, {"hyp.prefix": prefix, "sentence": cache["sentence"]}
+        return logits, TensorCache({"hyp.prefix": prefix, "sentence": cache["sentence"]})
 
     return step
 
@@ -55,7 +55,7 @@ def exhaustive_best(table, max_len, alpha):
 
 
 def run_beam(table, K, alpha, max_len=6, nbest=1):
-    cache = {"sentence": torch.zeros(1)}
+    cache = TensorCache({"sentence": torch.zeros(1)})
     return beam_search(table_step(table), cache, BOS, EOS, torch.tensor([max_len]), K, alpha, nbest=nbest)
 
 
@@ -70,7 +70,7 @@ GARDEN = {
 
 
 def test_beam_finds_the_best_path_greedy_misses():
-    greedy = greedy_search(table_step(GARDEN), {"sentence": torch.zeros(1)}, BOS, EOS, torch.tensor([6]))
+    greedy = greedy_search(table_step(GARDEN), TensorCache({"sentence": torch.zeros(1)}), BOS, EOS, torch.tensor([6]))
     assert greedy.tokens[0][0] == 4  # greedy commits to 4 (0.55), whose continuations are all poor
     hyp = run_beam(GARDEN, K=2, alpha=0.0)
     assert hyp.tokens == [[[5]]]
@@ -235,7 +235,7 @@ def test_beam_scores_equal_teacher_forced_rescoring_and_memory_is_not_copied():
     real_step = model.decode_step
 
     def spy(tokens, cache):
-        rows_seen.append((tokens.shape[0], cache["0.cross.k"].shape[0]))
+        rows_seen.append((tokens.shape[0], cache.cross[0][0].shape[0]))
         return real_step(tokens, cache)
 
     model.decode_step = spy
@@ -294,7 +294,7 @@ def test_sampling_top_k_one_is_greedy_and_seeded_draws_are_batch_invariant():
 def test_sampling_frequencies_follow_the_distribution():
     probs = {4: 0.6, 5: 0.3, 6: 0.1}
     table = {(): probs}
-    cache = {"sentence": torch.zeros(400)}
+    cache = TensorCache({"sentence": torch.zeros(400)})
     out = sample(table_step(table), cache, BOS, EOS, torch.full((400,), 3), ids=list(range(400)))
     first = [h[0][0] for h in out.tokens]
     freq = {k: first.count(k) / 400 for k in probs}

@@ -5,7 +5,7 @@ import torch
 
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import forbid, greedy_search, max_lengths
+from tformer.decode import TensorCache, forbid, greedy_search, max_lengths
 from tformer.inference import translate_ids
 from tformer.model import build_model
 
@@ -78,9 +78,9 @@ def test_greedy_search_on_a_scripted_step_function():
         logits = torch.full((rows.shape[0], V), -5.0)
         logits[:, 7] = 0.0
         logits[rows <= t - 1, Vocab.eos] = 1.0
-        return logits, {"row": rows, "t": cache["t"] + 1}
+        return logits, TensorCache({"row": rows, "t": cache["t"] + 1})
 
-    cache = {"row": torch.arange(3), "t": torch.zeros(3, dtype=torch.long)}
+    cache = TensorCache({"row": torch.arange(3), "t": torch.zeros(3, dtype=torch.long)})
     hyp = greedy_search(step, cache, Vocab.bos, Vocab.eos, torch.tensor([10, 10, 2]))
     assert hyp.tokens == [[7], [7, 7], [7, 7]]  # the last one is cut at its limit of 2
 
@@ -114,5 +114,5 @@ def test_greedy_min_len_holds_back_eos():
         logits[:, Vocab.eos] = 1.0
         return logits, cache
 
-    hyp = greedy_search(step, {"x": torch.zeros(2)}, Vocab.bos, Vocab.eos, torch.tensor([10, 10]), min_len=3)
+    hyp = greedy_search(step, TensorCache({"x": torch.zeros(2)}), Vocab.bos, Vocab.eos, torch.tensor([10, 10]), min_len=3)
     assert hyp.tokens == [[7, 7, 7], [7, 7, 7]]

@@ -344,7 +344,7 @@ def _graph_kernel_without_graph():
 
 
 def _unknown_kernel():
-    from tformer.attention.kernels import get_kernel
+    from tformer.attention.registry import get_kernel
 
     get_kernel("flash-v9")
 

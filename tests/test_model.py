@@ -25,12 +25,12 @@ def _reference_for(model, cfg: ModelConfig) -> torch.nn.Transformer:
                                dropout=0.0, batch_first=True, norm_first=cfg.norm == "pre",
                                layer_norm_eps=cfg.layer_norm_eps, activation=cfg.activation)
     with torch.no_grad():
-        for o, r in zip(model.encoder_layers, ref.encoder.layers):
+        for o, r in zip(model.encoder.layers, ref.encoder.layers):
             _copy_mha(o.self_attn, r.self_attn)
             _copy_ffn(o.ffn, r)
             o.res_attn.norm.load_state_dict(r.norm1.state_dict())
             o.res_ffn.norm.load_state_dict(r.norm2.state_dict())
-        for o, r in zip(model.decoder_layers, ref.decoder.layers):
+        for o, r in zip(model.decoder.layers, ref.decoder.layers):
             _copy_mha(o.self_attn, r.self_attn)
             _copy_mha(o.cross_attn, r.multihead_attn)
             _copy_ffn(o.ffn, r)
@@ -38,8 +38,8 @@ def _reference_for(model, cfg: ModelConfig) -> torch.nn.Transformer:
             o.res_cross.norm.load_state_dict(r.norm2.state_dict())
             o.res_ffn.norm.load_state_dict(r.norm3.state_dict())
         if cfg.norm == "pre":  # pre-norm stacks end with a LayerNorm, as nn.Transformer's do
-            model.encoder_norm.load_state_dict(ref.encoder.norm.state_dict())
-            model.decoder_norm.load_state_dict(ref.decoder.norm.state_dict())
+            model.encoder.norm.load_state_dict(ref.encoder.norm.state_dict())
+            model.decoder.norm.load_state_dict(ref.decoder.norm.state_dict())
         else:  # the paper's post-norm stack has no final norm; nn.Transformer always adds one
             ref.encoder.norm = None
             ref.decoder.norm = None
@@ -59,7 +59,7 @@ def test_encoder_decoder_matches_torch_transformer(norm, kernel, activation):
     s_real, t_real = padding_mask(src_len, 9), padding_mask(tgt_len, 7)
     got = model(src, src_len, tgt, tgt_len).hidden  # (B, T, D)
     with torch.no_grad():
-        want = ref(model.src_embed(src), model.tgt_embed(tgt),
+        want = ref(model.src_embed(src).x, model.tgt_embed(tgt).x,
                    tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(7),
                    src_key_padding_mask=~s_real, tgt_key_padding_mask=~t_real, memory_key_padding_mask=~s_real)
     torch.testing.assert_close(got[t_real], want[t_real], atol=1e-5, rtol=1e-5)
@@ -80,7 +80,7 @@ def test_embeddings_are_scaled_by_sqrt_d_and_positions_are_sinusoidal():
     cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, dropout=0.0)
     m = build_model(cfg, 10, 10).eval()
     ids = torch.tensor([[5, 6, 7]])
-    x = m.src_embed(ids)
+    x = m.src_embed(ids).x
     pos = torch.arange(3.0)[:, None]
     i = torch.arange(0, 16, 2.0)
     pe = torch.zeros(3, 16)
@@ -94,7 +94,7 @@ def test_learned_positions_past_their_table_reuse_the_last_row(caplog):
     m = build_model(cfg, 10, 10).eval()
     table = m.src_embed.positions.table.weight
     with caplog.at_level("WARNING", logger="tformer"):
-        x = m.src_embed(torch.full((1, 12), 5, dtype=torch.long))  # (1, 12, 16)
+        x = m.src_embed(torch.full((1, 12), 5, dtype=torch.long)).x  # (1, 12, 16)
     token = m.src_embed.tokens.weight[5] * 4.0
     torch.testing.assert_close(x[0, :8], token + table)
     torch.testing.assert_close(x[0, 8:], (token + table[7]).expand(4, -1))
@@ -104,10 +104,10 @@ def test_learned_positions_past_their_table_reuse_the_last_row(caplog):
 
 def test_xavier_initialisation():
     m = build_model(ModelConfig(d_model=64, n_heads=4, d_ff=256), 100, 100)
-    w = m.encoder_layers[0].ffn.linear1.weight  # (256, 64)
+    w = m.encoder.layers[0].ffn.linear1.weight  # (256, 64)
     bound = (6 / (64 + 256)) ** 0.5
     assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
-    assert torch.all(m.encoder_layers[0].ffn.linear1.bias == 0)
+    assert torch.all(m.encoder.layers[0].ffn.linear1.bias == 0)
 
 
 def test_attention_weights_are_returned_not_stashed():

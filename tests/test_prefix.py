@@ -10,7 +10,7 @@ import torch
 
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import beam_search, greedy_search, length_penalty, max_lengths, prefix_table, sample, search
+from tformer.decode import TensorCache, beam_search, greedy_search, length_penalty, max_lengths, prefix_table, sample, search
 from tformer.model import build_model
 
 PAD, BOS, EOS = Vocab.pad, Vocab.bos, Vocab.eos
@@ -34,7 +34,7 @@ def tables_step(tables):
         for r, row in enumerate(hist.tolist()):
             for tok, p in tables[which[r // per]].get(tuple(row[1:]), {EOS: 1.0}).items():
                 logits[r, tok] = math.log(p)
-        return logits, {"hyp.hist": hist, "sentence": cache["sentence"]}
+        return logits, TensorCache({"hyp.hist": hist, "sentence": cache["sentence"]})
 
     return step
 
@@ -76,13 +76,13 @@ PREFIXES = [[], [4], [5, 6], None, [6, 6, 6], [4, 5, 6, 4]]  # the last one fill
 def test_wide_beam_with_prefixes_equals_exhaustive_search_over_the_prefixed_paths(alpha):
     tables = [random_table(seed) for seed in range(len(PREFIXES))]
     B, limit = len(PREFIXES), torch.full((len(PREFIXES),), 4)
-    batched = beam_search(tables_step(tables), {"sentence": torch.arange(B)}, BOS, EOS, limit, 200, alpha,
+    batched = beam_search(tables_step(tables), TensorCache({"sentence": torch.arange(B)}), BOS, EOS, limit, 200, alpha,
                           nbest=3, prefix=PREFIXES)
     for i, prefix in enumerate(PREFIXES):
         oracle = exhaustive(tables[i], 4, alpha, prefix or ())[:3]
         assert batched.tokens[i] == [toks for _, toks in oracle]
         assert batched.scores[i] == pytest.approx([s for s, _ in oracle], abs=1e-5)
-        alone = beam_search(tables_step(tables), {"sentence": torch.tensor([i])}, BOS, EOS, limit[:1], 200, alpha,
+        alone = beam_search(tables_step(tables), TensorCache({"sentence": torch.tensor([i])}), BOS, EOS, limit[:1], 200, alpha,
                             nbest=3, prefix=[prefix])
         assert alone == (batched.tokens[i : i + 1], batched.scores[i : i + 1])
     # the prefix of 4 tokens fills its limit: one finished hypothesis, the prefix itself, no </s>
@@ -96,9 +96,9 @@ def test_narrow_beam_with_prefix_is_a_beam_from_the_prefix(K):
     table, prefix, alpha = random_table(7, depth=5), [5, 4], 0.0
     shifted = {k[2:]: v for k, v in table.items() if k[:2] == (5, 4)}
     lp_prefix = math.log(table[()][5]) + math.log(table[(5,)][4])
-    got = beam_search(tables_step([table]), {"sentence": torch.tensor([0])}, BOS, EOS, torch.tensor([5]), K, alpha,
+    got = beam_search(tables_step([table]), TensorCache({"sentence": torch.tensor([0])}), BOS, EOS, torch.tensor([5]), K, alpha,
                       nbest=K, prefix=[prefix])
-    free = beam_search(tables_step([shifted]), {"sentence": torch.tensor([0])}, BOS, EOS, torch.tensor([3]), K,
+    free = beam_search(tables_step([shifted]), TensorCache({"sentence": torch.tensor([0])}), BOS, EOS, torch.tensor([3]), K,
                        alpha, nbest=K)
     assert got.tokens[0] == [prefix + toks for toks in free.tokens[0]]
     assert got.scores[0] == pytest.approx([s + lp_prefix for s in free.scores[0]], abs=1e-5)
@@ -107,7 +107,7 @@ def test_narrow_beam_with_prefix_is_a_beam_from_the_prefix(K):
 def test_a_limit_shorter_than_the_prefix_gives_exactly_the_prefix():
     table, prefix = random_table(3), [4, 5, 6]
     lp = math.log(table[()][4]) + math.log(table[(4,)][5]) + math.log(table[(4, 5)][6])  # no </s>: cut
-    step, cache, limit = tables_step([table]), {"sentence": torch.tensor([0])}, torch.tensor([2])
+    step, cache, limit = tables_step([table]), TensorCache({"sentence": torch.tensor([0])}), torch.tensor([2])
     beam = beam_search(step, cache, BOS, EOS, limit, 4, 1.0, nbest=4, prefix=[prefix])
     assert beam.tokens == [[prefix]] and beam.scores[0][0] == pytest.approx(lp / length_penalty(3, 1.0))
     greedy = greedy_search(step, cache, BOS, EOS, limit, prefix=[prefix])
@@ -124,7 +124,7 @@ def test_sampling_scores_forced_tokens_under_the_temperature_without_the_filter(
     T = 2.0
     root = torch.log(torch.tensor([0.6, 0.3, 0.1])) / T
     forced = float(torch.log_softmax(root, 0)[2])
-    cache = {"sentence": torch.tensor([0])}
+    cache = TensorCache({"sentence": torch.tensor([0])})
     out = sample(tables_step([table]), cache, BOS, EOS, torch.tensor([5]), [0], n=4, temperature=T, top_k=1,
                  prefix=[[6]])
     assert out.tokens == [[[6, 4]] * 4]
@@ -141,7 +141,7 @@ def test_rules_never_forbid_a_prefix_token_and_count_it():
     def step(prev, cache):
         return row.expand(prev.shape[0], -1).clone(), cache
 
-    cache, limit = {"x": torch.zeros(4)}, torch.full((4,), 10)
+    cache, limit = TensorCache({"x": torch.zeros(4)}), torch.full((4,), 10)
     prefixes = [[4, 5, 4, 5], [4, 4, 4], [4, 5], [4, 5, 6]]
     hyp = greedy_search(step, cache, BOS, EOS, limit, min_len=3, no_repeat_ngram=2, prefix=prefixes)
     # min_len 3 is reached inside the first, second and fourth prefixes: </s> follows at once; the third
@@ -149,13 +149,13 @@ def test_rules_never_forbid_a_prefix_token_and_count_it():
     assert hyp.tokens == [[4, 5, 4, 5], [4, 4, 4], [4, 5, 7], [4, 5, 6]]
     for toks, score in zip(hyp.tokens, hyp.scores):
         assert score == pytest.approx(sum(float(logp[t]) for t in toks + [EOS]))
-    hyp = greedy_search(step, {"x": torch.zeros(1)}, BOS, EOS, limit[:1], min_len=7, no_repeat_ngram=2,
+    hyp = greedy_search(step, TensorCache({"x": torch.zeros(1)}), BOS, EOS, limit[:1], min_len=7, no_repeat_ngram=2,
                         prefix=[[4, 5, 4, 5]])
     # 7, 7 (a new bigram), then (7, 7) is banned and </s> held back: the first of the tied others, 3
     assert hyp.tokens == [[4, 5, 4, 5, 7, 7, 3]]
     for strategy in ("beam", "sample"):
         cfg = DecodeConfig(strategy=strategy, beam_size=3, nbest=3, min_len=3, no_repeat_ngram=2)
-        out = search(step, {"x": torch.zeros(4)}, limit, cfg, prefix=prefixes)
+        out = search(step, TensorCache({"x": torch.zeros(4)}), limit, cfg, prefix=prefixes)
         for p, hyps in zip(prefixes, out.tokens):
             assert hyps and all(h[: len(p)] == p and len(h) >= 3 for h in hyps)
 

@@ -15,7 +15,7 @@ from tformer.config import ConfigError, ModelConfig
 from tformer.decode import beam_search, greedy_search
 from tformer.masks import PositionBias, bipartite_graph, packed_positions, padding_mask, self_graph
 from tformer.model import build_model
-from tformer.model.transformer import stack_frames
+from tformer.model.embeddings import stack_frames
 from tformer.positions import RelativeBias, TupeBias, relative_bucket
 from tformer.structures import FULL, Structure
 
@@ -64,9 +64,9 @@ def test_zero_position_projections_leave_content_scores_scaled_by_sqrt_2d():
     src, lengths = _batch([6, 4])
     assert torch.equal(m.src_bias(6, 6), torch.zeros(4, 6, 6))
     enc = m.encode(src, lengths, need_weights=True)
-    x = m.src_embed(src)  # no positions in the embeddings
+    x = m.src_embed(src).x  # no positions in the embeddings
     assert torch.allclose(x, m.src_embed.tokens(src) * math.sqrt(32))
-    attn = m.encoder_layers[0].self_attn
+    attn = m.encoder.layers[0].self_attn
     q, k, _ = attn.in_proj(x).chunk(3, -1)
     q, k = (t.view(2, 6, 4, 8).transpose(1, 2) for t in (q, k))  # (B, H, S, Dh)
     scores = q @ k.transpose(-1, -2) / math.sqrt(2 * 8)
@@ -128,8 +128,6 @@ def test_relative_term_depends_on_distance_only():
 def test_config_rejects_impossible_relative_settings():
     with pytest.raises(ConfigError, match="relative_max_distance"):
         ModelConfig(relative_buckets=32, relative_max_distance=10)
-    with pytest.raises(ConfigError, match="model.positions"):
-        ModelConfig(kind="universal", positions="tupe")
 
 
 # --------------------------------------------------------------------------- graph kernel == dense kernel

@@ -97,17 +97,10 @@ class ModelConfig:
             _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
         _check(self.max_steps >= 1, "model.max_steps", f"must be >= 1, got {self.max_steps}")
         _check(0.0 < self.act_epsilon < 1.0, "model.act_epsilon", f"must be in (0, 1), got {self.act_epsilon}")
-        _check(self.kind != "universal" or self.attention != "graph", "model.attention",
-               "the universal transformer runs on the padded kernels (dense or sdpa) for now")
         _check(self.relative_buckets >= 4, "model.relative_buckets", f"must be >= 4, got {self.relative_buckets}")
         _check(self.relative_max_distance > self.relative_buckets // 2, "model.relative_max_distance",
                f"must exceed relative_buckets // 2 = {self.relative_buckets // 2} (the exact buckets), "
                f"got {self.relative_max_distance}")
-        if self.kind == "universal":
-            _check(self.side_positions("encoder") in ("sinusoidal", "learned")
-                   and self.side_positions("decoder") in ("sinusoidal", "learned"), "model.positions",
-                   "the universal transformer adds positions at every step: use sinusoidal or learned")
-            _check(self.source == "tokens", "model.source", "the universal transformer reads token ids for now")
 
     def side_positions(self, side: str) -> str:
         """The position scheme of 'encoder' or 'decoder'."""

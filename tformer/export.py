@@ -20,6 +20,7 @@ import torch
 
 from tformer.config import ModelConfig
 from tformer.errors import ConfigError
+from tformer.model.cache import DecoderCache
 from tformer.positions import sinusoidal_table
 
 
@@ -101,7 +102,7 @@ def _fill(spec, state: dict[str, np.ndarray], side: str, cfg: ModelConfig, model
     spec.scale_embeddings = True
     spec.position_encodings.encodings = _positions(cfg, model, side)
     if cfg.norm == "pre":
-        spec.layer_norm.gamma, spec.layer_norm.beta = state[f"{side}_norm.weight"], state[f"{side}_norm.bias"]
+        spec.layer_norm.gamma, spec.layer_norm.beta = state[f"{side}.norm.weight"], state[f"{side}.norm.bias"]
 
     def linear(target, name: str, rows: slice = slice(None)) -> None:
         target.weight = state[f"{name}.weight"][rows]
@@ -111,7 +112,7 @@ def _fill(spec, state: dict[str, np.ndarray], side: str, cfg: ModelConfig, model
         target.gamma, target.beta = state[f"{name}.weight"], state[f"{name}.bias"]
 
     for i, layer in enumerate(spec.layer):
-        p = f"{side}_layers.{i}"
+        p = f"{side}.layers.{i}"
         linear(layer.self_attention.linear[0], f"{p}.self_attn.in_proj")  # fused q, k, v: the same row order
         linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
         norm(layer.self_attention.layer_norm, f"{p}.res_attn.norm" if side == "encoder" else f"{p}.res_self.norm")
@@ -197,7 +198,7 @@ def to_hf_marian(model):
             hf_side.embed_positions.weight.copy_(torch.from_numpy(_positions(cfg, model, side))[
                 : hf_side.embed_positions.weight.shape[0]])
             for i, layer in enumerate(hf_side.layers):
-                p = f"{side}_layers.{i}"
+                p = f"{side}.layers.{i}"
                 attention(layer.self_attn, f"{p}.self_attn")
                 copy(layer.self_attn_layer_norm, f"{p}.{'res_attn' if side == 'encoder' else 'res_self'}.norm")
                 if side == "decoder":
@@ -232,10 +233,9 @@ class OnnxEncoder(torch.nn.Module):
         cache = self.model.init_cache(enc)
         bos = torch.full((src.shape[0],), Vocab.bos, dtype=torch.long, device=src.device)
         logits, cache = self.model.decode_step(bos, cache)
-        n = len(self.model.decoder_layers)
-        stack = lambda key: torch.stack([cache[key.format(i)] for i in range(n)])  # noqa: E731
-        return (torch.log_softmax(logits, -1), cache["src_mask"], stack("{}.cross.k"), stack("{}.cross.v"),
-                stack("hyp.{}.self.k"), stack("hyp.{}.self.v"))
+        return (torch.log_softmax(logits, -1), cache.src_mask, torch.stack([k for k, _ in cache.cross]),
+                torch.stack([v for _, v in cache.cross]), torch.stack([k for k, _ in cache.self_kv]),
+                torch.stack([v for _, v in cache.self_kv]))
 
 
 class OnnxStep(torch.nn.Module):
@@ -248,14 +248,10 @@ class OnnxStep(torch.nn.Module):
         self.model = model
 
     def forward(self, tokens, src_mask, cross_k, cross_v, self_k, self_v):
-        n = len(self.model.decoder_layers)
-        cache = {"src_mask": src_mask}
-        for i in range(n):
-            cache[f"{i}.cross.k"], cache[f"{i}.cross.v"] = cross_k[i], cross_v[i]
-            cache[f"hyp.{i}.self.k"], cache[f"hyp.{i}.self.v"] = self_k[i], self_v[i]
+        cache = DecoderCache(src_mask, list(zip(cross_k, cross_v)), list(zip(self_k, self_v)))
         logits, new = self.model.decode_step(tokens, cache)
-        return (torch.log_softmax(logits, -1), torch.stack([new[f"hyp.{i}.self.k"] for i in range(n)]),
-                torch.stack([new[f"hyp.{i}.self.v"] for i in range(n)]))
+        return (torch.log_softmax(logits, -1), torch.stack([k for k, _ in new.self_kv]),
+                torch.stack([v for _, v in new.self_kv]))
 
 
 def export_onnx(checkpoint: str | Path, out: str | Path, which: str = "best") -> tuple[Path, Path]:
@@ -274,7 +270,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path, which: str = "best") ->
     check_exportable(cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    L, H, Dh = len(model.decoder_layers), cfg.n_heads, cfg.d_model // cfg.n_heads
+    L, H, Dh = len(model.decoder.layers), cfg.n_heads, cfg.d_model // cfg.n_heads
     B, S, T = 2, 7, 3
     src = torch.randint(4, 10, (B, S))
     lengths = torch.tensor([S, S - 2])

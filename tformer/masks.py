@@ -69,13 +69,50 @@ class Graph:
     `plans` keeps what the kernel derives from the graph once, so every layer of a forward shares it."""
 
     def __init__(self, n_queries: int, n_keys: int, query: Tensor | None = None, key: Tensor | None = None,
-                 segments: Segments | None = None) -> None:
+                 segments: Segments | None = None, local: "Callable[[], tuple[Tensor, Tensor]] | None" = None) -> None:
         assert (query is None) == (key is None) and (query is not None or segments is not None)
         assert query is None or (query.shape == key.shape and query.dim() == 1), "one query and one key per edge"
         self.n_queries, self.n_keys, self.segments = n_queries, n_keys, segments
         self._edges = None if query is None else (query, key)
         self._segment_of_edge: Tensor | None = None
+        self._local = local  # positions inside sentences, when the segments do not tell them (a restriction)
         self.plans: dict = {}
+
+    @property
+    def aligned(self) -> bool:
+        """True when the i-th query of every segment is position i of its sentence: a positional bias can then
+        be added segment by segment (PositionBias.block); else it is gathered per edge."""
+        return self.segments is not None and self._local is None
+
+    def restrict(self, rows: Tensor) -> "Graph":
+        """The edges whose query is one of `rows` (R,) (increasing query nodes), queries renumbered 0 .. R-1 in
+        that order, keys unchanged. A graph of full segments stays segments (query block b holds the rows of
+        segment b); any other keeps its edges. Positions inside sentences are kept for a positional bias."""
+        rank = torch.full((self.n_queries,), -1, dtype=torch.long, device=rows.device)
+        rank[rows] = torch.arange(rows.numel(), device=rows.device)
+        parent = self
+        if self.segments is not None and self.segments.pattern is None:
+            seg = self.segments
+            end = seg.q_start + seg.q_len  # (B,)
+            owner = torch.searchsorted(end, rows, right=True)  # (R,) the segment of each row (segments in order)
+            counts = torch.bincount(owner, minlength=seg.q_len.numel())  # (B,)
+            own_pos = rows - seg.q_start[owner]  # (R,)
+
+            def local() -> tuple[Tensor, Tensor]:
+                query, key = child.edges
+                return own_pos[query], key - seg.k_start[child._segment_of_edge]
+
+            child = Graph(rows.numel(), self.n_keys, segments=Segments(offsets_of(counts), counts, seg.k_start,
+                                                                       seg.k_len), local=local)
+            return child
+        keep = rank[self.query] >= 0  # (E,)
+
+        def local() -> tuple[Tensor, Tensor]:
+            pq, pk = parent.local_positions()
+            return pq[keep], pk[keep]
+
+        return Graph(rows.numel(), self.n_keys, rank[self.query[keep]], self.key[keep],
+                     local=local if self.segments is not None or self._local is not None else None)
 
     def __repr__(self) -> str:
         return f"Graph({self.n_queries} queries, {self.n_keys} keys, {self.n_edges} edges)"
@@ -91,6 +128,8 @@ class Graph:
     def local_positions(self) -> tuple[Tensor, Tensor]:
         """(E,) each: the query's and the key's index inside the segment of each edge (a graph built from
         segments); what a positional bias (PositionBias) is indexed by."""
+        if self._local is not None:
+            return self._local()
         if self.segments is None:
             raise ValueError("positions inside sentences are known only for graphs built from segments")
         query, key = self.edges
@@ -149,18 +188,18 @@ class PositionBias:
 
     def __init__(self, table: Tensor) -> None:
         self.table = table  # (H, Lq, Lk)
-        self._edges: dict[int, Tensor] = {}
 
     def block(self, lq: int, lk: int) -> Tensor:
         """(1, H, lq, lk): the bias of a segment of lq queries and lk keys."""
         return self.table[None, :, :lq, :lk]
 
     def per_edge(self, graph: Graph) -> Tensor:
-        """(E, H), gathered once per graph (the layers of a forward share it)."""
-        if id(graph) not in self._edges:
+        """(E, H), gathered once per graph and bias (the layers of a forward share it; kept on the graph)."""
+        key = ("bias", self)
+        if key not in graph.plans:
             pq, pk = graph.local_positions()
-            self._edges[id(graph)] = self.table[:, pq, pk].t()
-        return self._edges[id(graph)]
+            graph.plans[key] = self.table[:, pq, pk].t()
+        return graph.plans[key]
 
 
 def graph_from_mask(mask: Tensor) -> Graph:

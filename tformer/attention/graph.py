@@ -298,6 +298,8 @@ def graph_attention(q: Tensor, k: Tensor, v: Tensor, mask: Graph | None = None,
         raise ValueError(f"positional bias has {positional.table.shape[0]} heads, the inputs {H}")
     if bias is not None and positional is None and bias.shape != (mask.n_edges, H):
         raise ValueError(f"graph bias must be (edges, heads) = ({mask.n_edges}, {H}), got {tuple(bias.shape)}")
+    if positional is not None and not mask.aligned:  # queries are not positions 0.. of their segments
+        bias, positional = positional.per_edge(mask), None
     scale = 1.0 / math.sqrt(Dh) if scale is None else scale
     qn = q.transpose(1, 2).reshape(B * T, H, Dh)  # (Nq, H, Dh)
     kn = k.transpose(1, 2).reshape(Bk * S, H, Dh)  # (Nk, H, Dh)

@@ -9,14 +9,14 @@
     bias  float, broadcastable to (B, H, T, S)   added to the scores before the softmax (positions)
     out   (B, H, T, Dh); weights (B, H, T, S) after the softmax, before dropout, when asked for
 
-`dense_attention` is the reference: every other kernel is tested against it. This module holds the only
-lookup table in the package, KERNELS.
+`dense_attention` is the reference: every other kernel is tested against it. The graph kernel
+(attention/graph.py) is a peer that builds on these; tformer.attention.registry names them all.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,14 @@ from torch import Tensor
 
 from tformer.dropout import dropout
 
-Kernel = Callable[..., "tuple[Tensor, Optional[Tensor]]"]
+
+
+class Kernel(Protocol):
+    """The contract every attention kernel keeps (see the module docstring)."""
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[object] = None,
+                 bias: Optional[object] = None, dropout_p: float = 0.0, scale: Optional[float] = None,
+                 need_weights: bool = False) -> "tuple[Tensor, Optional[Tensor]]": ...
 
 
 def dense_attention(
@@ -80,19 +87,3 @@ def sdpa_attention(
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     return out, None  # (B, H, T, Dh)
-
-
-def _graph(*args, **kwargs):
-    from tformer.attention.graph import graph_attention  # imported here: graph.py runs sdpa per segment
-
-    return graph_attention(*args, **kwargs)
-
-
-KERNELS: dict[str, Kernel] = {"dense": dense_attention, "sdpa": sdpa_attention, "graph": _graph}
-
-
-def get_kernel(name: str) -> Kernel:
-    try:
-        return KERNELS[name]
-    except KeyError:
-        raise ValueError(f"unknown attention kernel '{name}'; choose one of {', '.join(KERNELS)}") from None

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.attention.kernels import get_kernel
+from tformer.attention.registry import get_kernel
 
 
 class AttentionOutput(NamedTuple):
@@ -65,7 +65,7 @@ class MultiHeadAttention(nn.Module):
         """Self-attention when `memory` and `static_kv` are None; cross-attention otherwise.
 
         query (B, T, D); memory (B, S, D); past: cached self-attention (k, v) of earlier positions, to
-        which this call's keys and values are appended; static_kv: cross-attention (k, v) from
+        which this call's keys and values are appended; static_kv: keys and values given whole (k, v), from
         `project_kv`. mask / bias: see tformer.attention.kernels.
         """
         D = self.d_model

@@ -2,8 +2,9 @@
 
     step(tokens (N,), cache) -> (logits (N, V), cache)
 
-The cache is a dict of tensors with the batch first. Entries named "hyp.*" have one row per hypothesis,
-the others one row per sentence, shared by that sentence's hypotheses (see `common.HYP_PREFIX`).
+The cache is the model's (tformer.model.cache.DecoderCache; `common.TensorCache` for other step functions): a
+search only reorders it, `cache.reorder(hyp_rows, sentence_rows)`. Hypothesis-level entries have one row
+per hypothesis, sentence-level ones one row per sentence, shared by that sentence's hypotheses.
 
 Every search takes an optional target prefix, one id list per sentence (no <s>/</s>; empty or None: none).
 Each output of sentence i then begins with exactly prefix[i], and the search goes on from there as it would
@@ -23,14 +24,13 @@ from torch import Tensor
 from tformer.config import DecodeConfig
 from tformer.data.vocab import Vocab
 from tformer.decode.beam import beam_search, length_penalty
-from tformer.decode.common import (HYP_PREFIX, Cache, Hypotheses, NBest, StepFn, forbid, force, max_lengths,
-                                   prefix_table, select_hyps, select_rows)
+from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, TensorCache, forbid, force, max_lengths,
+                                   prefix_table, select_rows)
 from tformer.decode.greedy import greedy_search
 from tformer.decode.sampling import filter_logits, sample
 
-__all__ = ["HYP_PREFIX", "Cache", "Hypotheses", "NBest", "StepFn", "beam_search", "filter_logits", "forbid", "force",
-           "greedy_search", "length_penalty", "max_lengths", "prefix_table", "sample", "search", "select_hyps",
-           "select_rows"]
+__all__ = ["Cache", "Hypotheses", "NBest", "StepFn", "TensorCache", "beam_search", "filter_logits", "forbid", "force",
+           "greedy_search", "length_penalty", "max_lengths", "prefix_table", "sample", "search", "select_rows"]
 
 
 def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table, select_hyps
+from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -108,9 +108,9 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)  # (L'*K',)
             sent, next_scores, next_tok = sent[keep], next_scores[keep], next_tok[keep]
             history = history.index_select(0, keep_rows)
-            cache = select_hyps(cache, rows.index_select(0, keep_rows), keep)
+            cache = cache.reorder(rows.index_select(0, keep_rows), keep)
         else:
-            cache = select_hyps(cache, rows)
+            cache = cache.reorder(rows)
         scores, prev = next_scores, next_tok.reshape(-1)
     tokens, out_scores = [], []
     for hyps in finished:

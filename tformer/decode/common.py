@@ -5,18 +5,31 @@ decoded so far."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-Cache = dict[str, Tensor]
+class Cache(Protocol):
+    """What a search needs of a model's cache (tformer.model.cache.DecoderCache is the models' one)."""
+
+    def reorder(self, hyp_rows: Tensor, sentence_rows: Tensor | None = None) -> "Cache":
+        """Keep, reorder or repeat hypotheses by `hyp_rows` and, if given, sentences by `sentence_rows`."""
+        ...
+
+
 StepFn = Callable[[Tensor, Cache], "tuple[Tensor, Cache]"]
 
-# Cache entries named "hyp.*" have one row per hypothesis (self-attention keys/values); every other entry has
-# one row per sentence (the source mask, the cross-attention keys/values) and is shared by the sentence's
-# hypotheses: rows i*K .. i*K+K-1 of a hypothesis-level tensor belong to sentence i.
-HYP_PREFIX = "hyp."
+
+class TensorCache(dict):
+    """A cache as a dict of tensors, batch first: entries named "hyp.*" have one row per hypothesis, the others
+    one row per sentence, shared by that sentence's hypotheses (rows i*K .. i*K+K-1 of a hypothesis-level
+    tensor belong to sentence i). For step functions that are not models (tests, toy searches)."""
+
+    def reorder(self, hyp_rows: Tensor, sentence_rows: Tensor | None = None) -> "TensorCache":
+        return TensorCache({k: v.index_select(0, hyp_rows) if k.startswith("hyp.")
+                            else v if sentence_rows is None else v.index_select(0, sentence_rows)
+                            for k, v in self.items()})
 
 
 class Hypotheses(NamedTuple):
@@ -54,20 +67,8 @@ def prefix_table(prefix: list[list[int] | None] | None, max_len: Tensor, bos: in
 
 
 def select_rows(cache: Cache, rows: Tensor) -> Cache:
-    """Keep (or reorder, or repeat) the batch rows `rows` of every cached tensor."""
-    return {k: v.index_select(0, rows) for k, v in cache.items()}
-
-
-def select_hyps(cache: Cache, hyp_rows: Tensor, sentence_rows: Tensor | None = None) -> Cache:
-    """Reorder the hypothesis-level entries by `hyp_rows` and, if given, the sentence-level ones by
-    `sentence_rows` (sentences leaving the batch)."""
-    out = {}
-    for k, v in cache.items():
-        if k.startswith(HYP_PREFIX):
-            out[k] = v.index_select(0, hyp_rows)
-        else:
-            out[k] = v if sentence_rows is None else v.index_select(0, sentence_rows)
-    return out
+    """Keep (or reorder, or repeat) rows `rows` of every cached tensor, hypotheses and sentences alike."""
+    return cache.reorder(rows, rows)
 
 
 def forbid(logp: Tensor, history: Tensor, t: int, eos: int, min_len: int, no_repeat_ngram: int) -> Tensor:

@@ -8,7 +8,7 @@ Notation: B batch, S source length, T target length, D model dim, F FFN dim, H h
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -16,8 +16,10 @@ from torch import Tensor, nn
 from tformer.attention import MultiHeadAttention
 from tformer.config import ModelConfig
 from tformer.dropout import Dropout
-from tformer.masks import Graph
 from tformer.positions import TUPE
+
+if TYPE_CHECKING:
+    from tformer.model.layout import Layout
 
 
 def self_attention_scale(cfg: ModelConfig, side: str) -> float | None:
@@ -67,11 +69,18 @@ class EncoderLayer(nn.Module):
         self.res_attn = Residual(d, cfg.norm, eps, cfg.dropout)
         self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout)
 
+    def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The self-attention keys and values that rows x (B, S, D) offer: (B, H, S, Dh) each."""
+        return self.self_attn.project_kv(self.res_attn.inp(x))
+
     def forward(
-        self, x: Tensor, mask: Tensor, bias: Tensor | None = None, need_weights: bool = False
+        self, x: Tensor, mask: Tensor, bias: Tensor | None = None, need_weights: bool = False,
+        keys: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D) and self-attention weights (B, H, S, S)."""
-        a = self.self_attn(self.res_attn.inp(x), mask=mask, bias=bias, need_weights=need_weights)
+        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D) and self-attention weights (B, H, S, S). `keys`: the
+        self-attention keys and values from `self_kv` of a larger set of rows than the queries x (the
+        positions an ACT step still runs read every position); None: x's own."""
+        a = self.self_attn(self.res_attn.inp(x), mask=mask, bias=bias, static_kv=keys, need_weights=need_weights)
         x = self.res_attn.out(x, a.out)
         x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
         return x, a.weights
@@ -96,6 +105,10 @@ class DecoderLayer(nn.Module):
         self.res_cross = Residual(d, cfg.norm, eps, cfg.dropout)
         self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout)
 
+    def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The self-attention keys and values that rows x (B, T, D) offer: (B, H, T, Dh) each."""
+        return self.self_attn.project_kv(self.res_self.inp(x))
+
     def forward(
         self,
         x: Tensor,
@@ -106,19 +119,20 @@ class DecoderLayer(nn.Module):
         self_bias: Tensor | None = None,
         cross_bias: Tensor | None = None,
         need_weights: bool = False,
+        keys: tuple[Tensor, Tensor] | None = None,
+        layout: "Layout | None" = None,
     ) -> DecoderLayerOutput:
         """x (B, T, D); self_mask (B, 1, T, T_total) or None (one new position sees all the past);
         cross_kv: the memory's keys/values from `cross_attn.project_kv`; cross_mask (B, 1, 1, S). x may hold
-        N = B x K rows (K hypotheses per sentence, consecutive) against B rows of memory."""
-        a = self.self_attn(self.res_self.inp(x), mask=self_mask, bias=self_bias, past=past,
+        N = B x K rows (K hypotheses per sentence, consecutive) against B rows of memory: the layout folds
+        them into their sentence's queries where its kernel needs it. `keys`: self-attention keys and values
+        given whole (from `self_kv`, `past` then unused), for queries that are a subset of the rows."""
+        a = self.self_attn(self.res_self.inp(x), mask=self_mask, bias=self_bias, past=past, static_kv=keys,
                            need_weights=need_weights)
         x = self.res_self.out(x, a.out)
         q = self.res_cross.inp(x)  # (N, T, D)
-        B = cross_kv[0].shape[0]
-        if q.shape[0] != B and not isinstance(cross_mask, Graph):
-            # N = B x K hypotheses share their sentence's memory: fold them into its queries (a graph's edges
-            # say the same thing directly)
-            q = q.reshape(B, -1, q.shape[-1])  # (B, K*T, D)
+        if layout is not None:
+            q = layout.fold(q, cross_kv[0].shape[0])  # (B, K*T, D) where the kernel reads per sentence
         c = self.cross_attn(q, static_kv=cross_kv, mask=cross_mask, bias=cross_bias, need_weights=need_weights)
         x = self.res_cross.out(x, c.out.reshape(x.shape))
         x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))

@@ -13,6 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from tformer.model.transformer import upgrade_state
 from tformer.training.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, list_checkpoints, load_checkpoint,
                                       resolve_checkpoint)
 
@@ -41,7 +42,7 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
             raise CheckpointError(f"{c.path} and {first.path} are different models (model settings or "
                                   "vocabularies differ); only checkpoints of one run can be averaged")
         try:
-            tensors = load_file(str(c.path / "model.safetensors"))
+            tensors = upgrade_state(load_file(str(c.path / "model.safetensors")))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{c.path / 'model.safetensors'}: cannot be read ({e})") from None
         if total and set(tensors) != set(total):

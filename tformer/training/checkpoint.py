@@ -35,6 +35,7 @@ from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
 from tformer.errors import CheckpointError, DataError, NoCheckpointError
 from tformer.files import replace_atomically
+from tformer.model.transformer import legacy_parameter_order, upgrade_state
 
 Tokenizers = tuple[Tokenizer, Tokenizer]
 
@@ -305,6 +306,7 @@ class Checkpoint:
     cfg: Config
     tokenizers: Tokenizers  # (source, target); each has .vocab
     trainer: dict[str, Any]
+    legacy: bool = False  # tensor names from before the model was a composition (see load_model_state)
 
     def load_model_state(self, model: nn.Module) -> None:
         """Load the weights into `model`, rejecting missing, extra or mis-shaped tensors by name."""
@@ -313,6 +315,9 @@ class Checkpoint:
             tensors = load_file(str(file))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: cannot be read as safetensors ({e})") from None
+        upgraded = upgrade_state(tensors)
+        self.legacy = upgraded.keys() != tensors.keys()  # written before the model was a composition
+        tensors = upgraded
         expected = unique_state(model)
         fits = (f"the weights do not fit the model {self.path / 'config.yaml'} describes (files from different "
                 "runs, an edited config, or a tampered file)")
@@ -330,8 +335,10 @@ class Checkpoint:
                                       "(use an earlier one)")
         model.load_state_dict(tensors, strict=False)  # tied aliases are filled through their first name
 
-    def load_training_state(self, optimizer: torch.optim.Optimizer, rank: int = 0) -> None:
-        """Optimizer moments and this process's random state (`rank` of a torchrun job)."""
+    def load_training_state(self, optimizer: torch.optim.Optimizer, rank: int = 0, model: nn.Module | None = None
+                            ) -> None:
+        """Optimizer moments and this process's random state (`rank` of a torchrun job); `model` (whose weights
+        `load_model_state` loaded) maps an older checkpoint's parameter order onto today's."""
         file = self.path / "optimizer.safetensors"
         if not file.exists() or "param_groups" not in self.trainer:
             raise CheckpointError(f"{self.path} holds no optimizer state: it cannot be resumed")
@@ -339,6 +346,13 @@ class Checkpoint:
             tensors = load_file(str(file))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: cannot be read as safetensors ({e})") from None
+        if self.legacy:  # its moments are listed in the older parameter order
+            if model is None:
+                raise CheckpointError(f"{self.path} was written by an older tformer: pass the model to map its "
+                                      "optimizer state")
+            order = legacy_parameter_order(model)
+            tensors = {re.sub(r"^state\.(\d+)\.", lambda m: f"state.{order[int(m.group(1))]}.", k): v
+                       for k, v in tensors.items()}
         _check_optimizer_tensors(file, tensors, self.trainer["param_groups"], optimizer)
         rng = tensors.get("rng.torch" if rank == 0 else f"rng.torch.rank{rank}")
         if rng is None or rng.dtype != torch.uint8 or rng.dim() != 1:

@@ -104,8 +104,9 @@ def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float 
         return StepLoss(out.loss, out.nll, out.correct)
     cost = sum(p.cost for p in output.ponder)
     steps = float(sum(p.steps.sum() for p in output.ponder))
+    positions = sum(int((p.steps > 0).sum()) for p in output.ponder)  # real positions (model frames for features)
     return StepLoss(out.loss + ponder_weight * cost, out.nll, out.correct, steps, float(ponder_weight * cost.detach()),
-                    batch.n_src_tokens + batch.n_tgt_tokens)
+                    positions)
 
 
 class _Window:
@@ -308,7 +309,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Contex
     step = 0
     if ckpt:
         ckpt.load_model_state(model)
-        ckpt.load_training_state(optimizer, ctx.rank)
+        ckpt.load_training_state(optimizer, ctx.rank, model)
         state.update({k: ckpt.trainer[k] for k in state if k in ckpt.trainer})
         state["reached_target"] = False  # judged afresh against this session's target at its next evaluation
         step = ckpt.trainer["step"]

@@ -1,0 +1,100 @@
+"""What a side reads before its first layer: token embeddings or stacked continuous frames, and positions.
+
+    Embeddings       token ids -> tokens x sqrt(D) (+ absolute positions), dropout
+    FrameEmbeddings  float frames (B, S, F) -> stacked, projected, LayerNorm'd (+ positions), dropout
+
+Both add absolute positions once (a stack of layers), or leave them to the encoder/decoder (`add_positions`
+False: the universal transformer adds them at every step, with its time signal). TUPE has no absolute
+positions here at all: its positions are an attention bias (tformer.positions).
+Notation: B batch, L length, D model dim, F feature dim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from tformer.config import ModelConfig
+from tformer.dropout import Dropout
+
+
+class Embedded(NamedTuple):
+    x: Tensor  # (..., D) what the first layer reads
+    positions: Tensor | None  # (..., D) position vectors left for the stack to add (None: added, or TUPE)
+
+
+def position_vectors(module: nn.Module | None, positions: Tensor | slice) -> Tensor | None:
+    """The vectors of `positions`: a slice start .. stop (L, D), broadcast over a padded batch, or an index
+    tensor (...) -> (..., D) (packed tokens, each at its own position). None without a position module."""
+    if module is None:
+        return None
+    if isinstance(positions, slice):
+        return module(positions.stop - positions.start, positions.start)
+    return module.at(positions)
+
+
+class Embeddings(nn.Module):
+    """Token embedding scaled by sqrt(D) plus absolute positions (none with TUPE), then dropout."""
+
+    def __init__(self, tokens: nn.Embedding, positions: nn.Module | None, dropout: float,
+                 add_positions: bool = True) -> None:
+        super().__init__()
+        self.tokens, self.positions = tokens, positions
+        self.scale = math.sqrt(tokens.embedding_dim)
+        self.dropout = Dropout(dropout)
+        self.add_positions = add_positions
+
+    def forward(self, ids: Tensor, positions: Tensor | slice | None = None) -> Embedded:
+        """ids (...) and their positions in their sentences (see `position_vectors`; None: 0 .. L-1 along the
+        last dim of ids (B, L)) -> (..., D)."""
+        x = self.tokens(ids) * self.scale
+        positions = slice(0, ids.shape[-1]) if positions is None else positions
+        pos = position_vectors(self.positions, positions)
+        if pos is not None and self.add_positions:
+            return Embedded(self.dropout(x + pos), None)
+        return Embedded(self.dropout(x), pos)
+
+
+def stack_frames(frames: Tensor, counts: Tensor, stack: int, skip: int) -> tuple[Tensor, Tensor]:
+    """Low frame rate input: model frame i concatenates input frames i*skip .. i*skip + stack - 1 of its
+    utterance, repeating the utterance's last real frame past its end (never the padding), so S' =
+    ceil(S / skip) frames per utterance. frames (B, S, F), counts (B,) -> ((B, S', stack * F), counts' (B,))."""
+    B, S, F = frames.shape
+    new_counts = torch.div(counts + skip - 1, skip, rounding_mode="floor")  # (B,) ceil(counts / skip)
+    n = -(-S // skip)
+    index = torch.arange(n, device=frames.device)[:, None] * skip + torch.arange(stack, device=frames.device)
+    index = torch.minimum(index[None], (counts - 1).clamp(min=0)[:, None, None])  # (B, S', stack)
+    out = frames.gather(1, index.reshape(B, -1, 1).expand(-1, -1, F))  # (B, S' * stack, F)
+    return out.reshape(B, n, stack * F), new_counts
+
+
+class FrameEmbeddings(nn.Module):
+    """The encoder's front end for continuous features: frames (B, S, F) are stacked (stack_frames), projected
+    to D, LayerNorm'd, given absolute positions (none with TUPE) and dropped out."""
+
+    def __init__(self, cfg: ModelConfig, positions: nn.Module | None, add_positions: bool = True) -> None:
+        super().__init__()
+        self.feature_dim, self.stack, self.skip = cfg.feature_dim, cfg.frame_stack, cfg.frame_skip
+        self.proj = nn.Linear(cfg.frame_stack * cfg.feature_dim, cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.positions = positions
+        self.dropout = Dropout(cfg.dropout)
+        self.add_positions = add_positions
+
+    def frames(self, frames: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """frames (B, S, F) float, counts (B,) real frames -> projected (B, S', D), counts' (B,) model frames."""
+        if frames.dim() != 3 or frames.shape[-1] != self.feature_dim or not frames.is_floating_point():
+            raise ValueError(f"the frame encoder reads float frames (batch, frames, {self.feature_dim}); got "
+                             f"{tuple(frames.shape)} {frames.dtype} (model.feature_dim={self.feature_dim})")
+        x, counts = stack_frames(frames, counts, self.stack, self.skip)
+        return self.norm(self.proj(x)), counts  # (B, S', D)
+
+    def forward(self, x: Tensor, positions: Tensor | slice) -> Embedded:
+        """Projected frames from `frames` (..., D) at their positions -> (..., D)."""
+        pos = position_vectors(self.positions, positions)
+        if pos is not None and self.add_positions:
+            return Embedded(self.dropout(x + pos), None)
+        return Embedded(self.dropout(x), pos)
