@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tformer.config import ConfigError, DecodeConfig, ModelConfig
+from tformer.config import ConfigError, DecodeConfig, ModelConfig, StructureConfig
 from tformer.inference import translate_ids
 from tformer.model import build_model
 from tformer.model.act import ACT
@@ -96,8 +96,13 @@ def test_cached_decoding_equals_the_full_forward_on_every_prefix():
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])
-def test_batch_of_one_and_batch_of_seven_decode_identically(strategy):
-    model = _ut(max_steps=5, bias=-0.5)
+@pytest.mark.parametrize("kw", [{}, dict(attention="graph", positions="tupe",
+                                        encoder_structure=StructureConfig(window=2),
+                                        decoder_structure=StructureConfig(window=2))], ids=["dense", "graph"])
+def test_batch_of_one_and_batch_of_seven_decode_identically(strategy, kw):
+    model = _ut(max_steps=5, bias=-0.5, **kw)
+    with torch.no_grad():
+        model.decoder.halt.weight.normal_(0, 0.5)  # hypotheses halt at different steps
     torch.nn.init.normal_(model.generator.bias, std=3.0)
     sources = [[4 + (i * 7 + j) % 15 for j in range(1 + i % 6)] for i in range(7)]
     cfg = DecodeConfig(strategy=strategy, beam_size=3, max_len_a=1.0, max_len_b=4, batch_size=1)
