@@ -62,6 +62,9 @@ class Segments(NamedTuple):
     pattern: Callable[[int, int], Tensor] | None = None  # (Lq, Lk) -> (E_s, 2) int64 position pairs
 
 
+RESTRICTED_SHAPES = 4  # segment shapes past which a restricted graph becomes an edge list (benchmarks/ut_ponder.py)
+
+
 class Graph:
     """Edges key -> query over flattened nodes; no edge appears twice. What the graph kernel computes on.
 
@@ -86,26 +89,31 @@ class Graph:
 
     def restrict(self, rows: Tensor) -> "Graph":
         """The edges whose query is one of `rows` (R,) (increasing query nodes), queries renumbered 0 .. R-1 in
-        that order, keys unchanged. A graph of full segments stays segments (query block b holds the rows of
-        segment b); any other keeps its edges. Positions inside sentences are kept for a positional bias."""
+        that order, keys unchanged. A graph of full segments stays segments (query block b holds the kept rows
+        of segment b) while they come in at most RESTRICTED_SHAPES shapes (a decoding step's one query per
+        hypothesis); otherwise, and for any other graph, an edge list, which the kernel tiles in few calls
+        where per-sentence blocks of mixed running counts would make a call per shape. Positions inside
+        sentences are kept for a positional bias."""
         rank = torch.full((self.n_queries,), -1, dtype=torch.long, device=rows.device)
         rank[rows] = torch.arange(rows.numel(), device=rows.device)
-        parent = self
-        if self.segments is not None and self.segments.pattern is None:
-            seg = self.segments
-            end = seg.q_start + seg.q_len  # (B,)
-            owner = torch.searchsorted(end, rows, right=True)  # (R,) the segment of each row (segments in order)
-            counts = torch.bincount(owner, minlength=seg.q_len.numel())  # (B,)
-            own_pos = rows - seg.q_start[owner]  # (R,)
+        seg = self.segments
+        if seg is not None and seg.pattern is None:
+            owner = torch.searchsorted(seg.q_start + seg.q_len, rows, right=True)  # (R,) segments in order
+            counts = torch.bincount(owner, minlength=seg.q_len.numel())  # (B,) kept rows per segment
+            live = counts > 0
+            span = int(seg.k_len.max()) + 1
+            if torch.unique(counts[live] * span + seg.k_len[live]).numel() <= RESTRICTED_SHAPES:
+                own_pos = rows - seg.q_start[owner]  # (R,) each kept query's position in its sentence
 
-            def local() -> tuple[Tensor, Tensor]:
-                query, key = child.edges
-                return own_pos[query], key - seg.k_start[child._segment_of_edge]
+                def segment_local() -> tuple[Tensor, Tensor]:
+                    query, key = child.edges
+                    return own_pos[query], key - seg.k_start[child._segment_of_edge]
 
-            child = Graph(rows.numel(), self.n_keys, segments=Segments(offsets_of(counts), counts, seg.k_start,
-                                                                       seg.k_len), local=local)
-            return child
+                child = Graph(rows.numel(), self.n_keys, local=segment_local,
+                              segments=Segments(offsets_of(counts), counts, seg.k_start, seg.k_len))
+                return child
         keep = rank[self.query] >= 0  # (E,)
+        parent = self
 
         def local() -> tuple[Tensor, Tensor]:
             pq, pk = parent.local_positions()
@@ -113,6 +121,15 @@ class Graph:
 
         return Graph(rows.numel(), self.n_keys, rank[self.query[keep]], self.key[keep],
                      local=local if self.segments is not None or self._local is not None else None)
+
+    def key_rows(self) -> Tensor:
+        """(K,) the key nodes at least one edge reads, increasing."""
+        seg = self.segments
+        if seg is not None and seg.pattern is None:
+            live = seg.q_len > 0
+            lengths = seg.k_len[live]
+            return torch.unique(torch.repeat_interleave(seg.k_start[live], lengths) + packed_positions(lengths))
+        return torch.unique(self.key)
 
     def __repr__(self) -> str:
         return f"Graph({self.n_queries} queries, {self.n_keys} keys, {self.n_edges} edges)"

@@ -17,8 +17,9 @@ train.ponder_weight x its sum to the loss.
 Halting is per position, so on the packed layout (model.attention: graph) a step computes only the positions
 still running, as DGL's graph version removes halted nodes: their queries, the halting unit, the output
 projection, the FFN and cross-attention run on those rows alone, over the step's graphs restricted to edges
-whose query still runs (Graph.restrict); every position's keys and values are projected (halted ones serve
-their frozen state), and results are written back by index. Compute then follows the sum over steps of the
+whose query still runs (Graph.restrict); keys and values are projected for the positions those edges read
+(halted ones serve their frozen state; a sentence whose positions have all halted costs nothing), and
+results are written back by index. Compute then follows the sum over steps of the
 running positions, not max_steps x positions. The padded kernels compute every row and freeze the halted
 ones. Decoding saves the same way on either layout: at each position only the hypotheses still pondering run
 the layer, and the step loop ends when all have halted; a later position that runs longer reads the earlier
@@ -133,12 +134,23 @@ class ACTStack(nn.Module):
                 x_run = x_in[:, rows]  # (1, R, D)
                 p = x_in.new_zeros(act.running.shape).index_copy(1, rows, self.halting(x_run))  # (1, N)
                 w, _ = act.weights(p)
-                new, extra = call(x_run, sel, self.layer.self_kv(x_in))  # keys and values of every row
+                new, extra = call(x_run, sel, self._keys(x_in, sel.self_mask))
                 state = state.index_copy(1, rows, new)
                 out = out.index_add(1, rows, w[:, rows, None] * new)
             extras.append(extra)
         ponder = act.ponder()
         return self.norm(out), extras, Ponder(layout.padded(ponder.steps), layout.padded(ponder.remainders))
+
+    def _keys(self, x_in: Tensor, graph: Graph) -> KV:
+        """Self-attention keys and values (1, H, N, Dh) of the rows that running queries read (running or
+        halted, their current coordinates); rows no edge reads (sentences that have all halted, positions
+        after a causal query) are left zero, never computed."""
+        rows = graph.key_rows()  # (K,)
+        if rows.numel() == x_in.shape[1]:
+            return self.layer.self_kv(x_in)
+        k, v = self.layer.self_kv(x_in[:, rows])  # (1, H, K, Dh) each
+        full = k.new_zeros(*k.shape[:2], x_in.shape[1], k.shape[-1])
+        return full.index_copy(2, rows, k), full.index_copy(2, rows, v)
 
     def encode(self, side: Side, need_weights: bool = False) -> Encoded:
         def call(x: Tensor, sel: Selection, keys: KV | None) -> tuple[Tensor, Tensor | None]:
