@@ -208,7 +208,7 @@ class ACTStack(nn.Module):
             x_run = x_in.index_select(0, rows)  # (R, 1, D)
             p = x_in.new_zeros(N, 1).index_copy(0, rows, self.halting(x_run))
             w, _ = act.weights(p)
-            keys = (k, v) if sel.hyp_rows is None else (k.index_select(0, sel.hyp_rows), v.index_select(0, sel.hyp_rows))
+            keys = (k, v) if sel.hyp_rows is None else tuple(x.index_select(0, sel.hyp_rows) for x in (k, v))
             memory = cross if sel.sentence_rows is None else tuple(c.index_select(0, sel.sentence_rows) for c in cross)
             o = self.layer(x_run, sel.self_mask, memory, sel.cross_mask, self_bias=side.bias, keys=keys,
                            layout=layout)

@@ -159,10 +159,7 @@ class Step:
             return mask  # (t+1,) broadcast
         n = torch.arange(self.n, device=device)
         ones = torch.ones(self.n, dtype=torch.long, device=device)
-        pattern = None
-        if row is not None:
-            def pattern(lq: int, lk: int) -> Tensor:
-                return torch.stack([torch.zeros_like(row), row], 1)  # (k, 2)
+        pattern = None if row is None else (lambda lq, lk: torch.stack([torch.zeros_like(row), row], 1))  # (k, 2)
         return Graph(self.n, self.n * (t + 1), segments=Segments(n, ones, n * (t + 1), ones * (t + 1), pattern))
 
     def cross_mask(self, keys: object = None) -> Tensor | Graph:
@@ -171,8 +168,8 @@ class Step:
             return encoder_mask(self.src_mask)  # (B, 1, 1, S)
         B, S = self.src_mask.shape
         device = self.src_mask.device
-        b = torch.arange(B, device=device)
-        return bipartite_graph(torch.full((B,), self.n // B, device=device), self.src_mask.sum(1), q_offsets=b * (self.n // B),
+        b, K = torch.arange(B, device=device), self.n // B
+        return bipartite_graph(torch.full((B,), K, device=device), self.src_mask.sum(1), q_offsets=b * K,
                                k_offsets=b * S, n_queries=self.n, n_keys=B * S)
 
     def bias(self, table: Tensor | None) -> Tensor | PositionBias | None:

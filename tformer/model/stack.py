@@ -14,7 +14,7 @@ Notation: B batch, L length, S source length, N rows (hypotheses when decoding),
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from torch import Tensor, nn
 
@@ -22,6 +22,9 @@ from tformer.masks import Graph, PositionBias
 from tformer.model.cache import DecoderCache
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout
+
+if TYPE_CHECKING:
+    from tformer.model.act import Ponder
 
 
 class Side(NamedTuple):
@@ -37,14 +40,14 @@ class Side(NamedTuple):
 class Encoded(NamedTuple):
     x: Tensor
     weights: list[Tensor | None]  # per layer (or ACT step)
-    ponder: "object | None" = None  # tformer.model.act.Ponder, per position (B, L)
+    ponder: "Ponder | None" = None  # ACT steps per position (B, L) (an ACT stack)
 
 
 class Decoded(NamedTuple):
     x: Tensor
     self_weights: list[Tensor | None]
     cross_weights: list[Tensor | None]
-    ponder: "object | None" = None
+    ponder: "Ponder | None" = None
 
 
 def final_norm(cfg_norm: str, d_model: int, eps: float) -> nn.Module:

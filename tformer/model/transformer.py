@@ -35,7 +35,6 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-import torch
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
