@@ -191,3 +191,11 @@ def test_the_speech_task_trains_a_universal_transformer(tmp_path, attention):
     assert train_records[-1]["loss"] < train_records[0]["loss"]
     assert all(1 <= r["ponder"] <= 3 for r in train_records)  # steps per real position (model frames)
     assert "cer" in result.best
+    from tformer.data import load_task
+    from tformer.evaluation import ponder_steps
+    from tformer.inference import load_model
+
+    ckpt, model = load_model(tmp_path / "run")
+    examples = load_task(ckpt.cfg.data, ("valid",), tokenizers=ckpt.tokenizers, feature_dim=8).examples["valid"]
+    src_steps, _ = ponder_steps(model, examples)
+    assert all(min(s) >= 1 for s in src_steps)  # one entry per model frame: padding (0 steps) never listed

@@ -74,7 +74,7 @@ def ponder_steps(model: Transformer, examples: list[Example], max_tokens: int = 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    src_lens, tgt_lens = model_lengths(examples)
+    src_lens, tgt_lens = model_lengths(examples, model.cfg.frame_skip)
     src_steps: list[list[int]] = [[] for _ in examples]
     tgt_steps: list[list[int]] = [[] for _ in examples]
     for idx in token_budget_batches(src_lens, tgt_lens, max(max_tokens, max(src_lens + tgt_lens)), shuffle=False):
