@@ -1,5 +1,5 @@
 """The translation task end to end on real Multi30k text: SentencePiece from train only and deterministic,
-the encoding cache, BLEU/chrF/tokenized BLEU against an independent BLEU, and train -> evaluate ->
+BLEU/chrF/tokenized BLEU against an independent BLEU, and train -> evaluate ->
 translate -> average through the command line."""
 
 import collections
@@ -16,7 +16,6 @@ import pytest
 from conftest import small_multi30k
 from tformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from tformer.data import load_task
-from tformer.data.translation import cache_dir
 from tformer.metrics import moses_tokenize, translation_scores
 
 
@@ -60,25 +59,6 @@ def test_sentencepiece_is_deterministic_and_sees_train_only(corpus, tmp_path):
     separate = load_task(_data_cfg(corpus, joint_vocab=False, subword="unigram", vocab_size=300), ("train",))
     assert separate.tokenizers[0] is not separate.tokenizers[1]
     assert separate.tokenizers[0].fingerprint() != separate.tokenizers[1].fingerprint()
-
-
-def test_encoded_splits_are_cached_by_content(corpus, tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("TFORMER_CACHE", str(tmp_path / "cache"))
-    caplog.set_level(logging.INFO, logger="tformer")
-    first = load_task(_data_cfg(corpus), ("train", "valid"))
-    entries = sorted((tmp_path / "cache" / "encoded").glob("*.npz"))
-    assert len(entries) == 2 and cache_dir() == tmp_path / "cache"
-    caplog.clear()
-    again = load_task(_data_cfg(corpus), ("train", "valid"), tokenizers=first.tokenizers)
-    assert again.examples == first.examples and again.texts == first.texts
-    assert sum("from the cache" in r.message for r in caplog.records) == 2
-    # a different filter is a different key; a damaged entry is rebuilt, not trusted
-    load_task(_data_cfg(corpus, filter_max_len=20), ("train",), tokenizers=first.tokenizers)
-    assert len(list((tmp_path / "cache" / "encoded").glob("*.npz"))) == 3
-    for e in entries:
-        e.write_bytes(b"garbage")
-    rebuilt = load_task(_data_cfg(corpus), ("train", "valid"), tokenizers=first.tokenizers)
-    assert rebuilt.examples == first.examples
 
 
 def test_training_pairs_are_filtered_with_reasons(corpus, caplog):

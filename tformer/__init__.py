@@ -20,8 +20,8 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "load": "tformer.api", "Translator": "tformer.api", "Translation": "tformer.api", "Hypothesis": "tformer.api",
-    "Score": "tformer.api", "Evaluation": "tformer.api", "train": "tformer.api", "build_model": "tformer.api",
-    "TrainResult": "tformer.training.loop", "Config": "tformer.config", "ModelConfig": "tformer.config",
+    "Score": "tformer.api", "Evaluation": "tformer.api", "train": "tformer.api", "prepare": "tformer.api",
+    "build_model": "tformer.api",    "TrainResult": "tformer.training.loop", "Config": "tformer.config", "ModelConfig": "tformer.config",
     "DataConfig": "tformer.config", "TrainConfig": "tformer.config", "DecodeConfig": "tformer.config",
     "TformerError": "tformer.errors", "ConfigError": "tformer.errors", "DataError": "tformer.errors",
     "CheckpointError": "tformer.errors", "TrainingError": "tformer.errors",
@@ -29,7 +29,8 @@ _PUBLIC = {
 __all__ = ["__version__", *_PUBLIC]
 
 if TYPE_CHECKING:  # for readers and type checkers; at run time __getattr__ imports on first use
-    from tformer.api import Evaluation, Hypothesis, Score, Translation, Translator, build_model, load, train
+    from tformer.api import (Evaluation, Hypothesis, Score, Translation, Translator, build_model, load, prepare,
+                             train)
     from tformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
     from tformer.errors import CheckpointError, ConfigError, DataError, TformerError, TrainingError
     from tformer.training.loop import TrainResult

@@ -312,7 +312,8 @@ class Translator:
 
     def evaluate(self, split: str = "test", **options: Any) -> Evaluation:
         """Teacher-forced loss and token accuracy, then free-running decoding of the split scored by sacreBLEU,
-        chrF and tokenized BLEU (translation), CER and WER (speech) or exact match (synthetic tasks).
+        chrF and tokenized BLEU (translation; into German also with compounds split, as WMT en-de papers
+        report it), CER and WER (speech) or exact match (synthetic tasks).
         `options`: beam, batch_size and DecodeConfig fields."""
         from tformer.evaluation import evaluate
         from tformer.metrics import translation_scores
@@ -327,7 +328,8 @@ class Translator:
                                  references=refs if speech else None, tokenizer=self.target_tokenizer)
         seconds = time.perf_counter() - tic
         outputs = [self.decode(h) for h in hyps]
-        scores = translation_scores(outputs, refs, cfg.data.tgt_lang) if cfg.data.task == "translation" else None
+        scores = (translation_scores(outputs, refs, cfg.data.tgt_lang, compound_split=cfg.data.tgt_lang == "de")
+                  if cfg.data.task == "translation" else None)
         if scores:
             metrics.update(scores.as_dict())
         return Evaluation(split, metrics, sources, refs, outputs, decode, seconds, scores)
@@ -455,6 +457,18 @@ def train(config: Config | str | Path | None = None, run_dir: str | Path | None 
         stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
         run_dir = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     return train_loop(cfg, run_dir, resume=resume, progress=progress)
+
+
+def prepare(config: Config | str | Path, out: str | Path, *, overrides: Sequence[str] = (),
+            splits: Sequence[str] = ("train", "valid", "test"), progress: bool = False):
+    """Encode a translation corpus once into memory-mapped shards in `out` (`tformer prepare`): SentencePiece
+    trained on a seeded sample of the training pairs (data.tokenizer_sample), every split encoded by
+    data.workers processes. An interrupted prepare continues where it stopped when called again; a folder
+    holding another corpus is refused. Train on it with data.prepared=OUT. Returns the PreparedCorpus."""
+    from tformer.data.prepare import prepare as prepare_corpus
+
+    cfg = train_config(config, overrides=overrides)
+    return prepare_corpus(cfg.data, out, splits, progress=progress)
 
 
 def build_model(config: Config | ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None):

@@ -1,10 +1,11 @@
 """`tformer <command>`: parse the command line, then run the command's module (tformer/commands/).
 
     tformer train     --config copy [section.key=value ...] [--run-dir DIR] [--resume]
+    tformer prepare   --config C --out DIR [data.key=value ...]   a corpus into memory-mapped shards, once
     tformer evaluate  --checkpoint RUN_DIR [--split test] [--beam 5] [decode.key=value ...]
     tformer translate --checkpoint RUN_DIR [--input FILE] [--output FILE] [--beam 5 --nbest 3 --batch-size 64]
     tformer transcribe --checkpoint RUN_DIR FILE.npy ... | --tsv FILE
-    tformer data      multi30k --out DIR | {copy,sort} --out DIR [--config FILE] [data.key=value ...]
+    tformer data      {multi30k,wmt14} --out DIR | {copy,sort} --out DIR [--config FILE] [data.key=value ...]
     tformer average   --run-dir RUN_DIR --last 5 --out DIR
     tformer ponder    --checkpoint RUN_DIR --out DIR [--sentence "..."]   ACT steps of a universal transformer
     tformer attention --checkpoint RUN_DIR --sentence "..." [--kind cross] [--layer 2] [--head 0] [--out DIR]
@@ -27,10 +28,10 @@ import logging
 import sys
 
 from tformer.commands import (animate, attention, average, data, demo, evaluate, explore, export, graph, plot,
-                              ponder, train, transcribe, translate)
+                              ponder, prepare, train, transcribe, translate)
 from tformer.errors import TformerError
 
-COMMANDS = (train, evaluate, translate, transcribe, data, average, ponder, attention, plot, animate, explore,
+COMMANDS = (train, prepare, evaluate, translate, transcribe, data, average, ponder, attention, plot, animate, explore,
             export, graph, demo)
 
 

@@ -139,6 +139,11 @@ class DataConfig:
     character_coverage: float = 1.0
     filter_max_len: int = 250  # training pairs with a side longer than this (in pieces) are dropped
     filter_max_ratio: float = 0.0  # ... or with longer/shorter side above this; 0 = no ratio filter
+    # translation corpora are encoded once into memory-mapped shards (tformer prepare; see tformer.data.prepared):
+    prepared: str = ""  # a folder `tformer prepare` wrote; empty: prepare into the cache ($TFORMER_CACHE) as needed
+    tokenizer_sample: int = 1_000_000  # SentencePiece learns from this many training pairs (seeded by data.seed; 0 = all)
+    shard_size: int = 100_000  # raw pairs per shard (the unit of parallel encoding and of resuming a prepare)
+    workers: int = 0  # encoding processes (0 = one per CPU core)
     # task 'speech': {dir}/{prefix}.tsv per split, lines 'id<TAB>transcript', frames in {dir}/{id}.npy, a float
     # array (frames, model.feature_dim) each (see tformer.data.speech)
     target_units: Literal["char", "subword"] = "char"  # speech targets: characters, or SentencePiece pieces
@@ -167,6 +172,11 @@ class DataConfig:
         _check(self.filter_max_len >= 1, "data.filter_max_len", f"must be >= 1, got {self.filter_max_len}")
         _check(self.filter_max_ratio == 0 or self.filter_max_ratio >= 1, "data.filter_max_ratio",
                f"must be 0 (off) or >= 1, got {self.filter_max_ratio}")
+        _check(self.tokenizer_sample >= 0, "data.tokenizer_sample", f"must be >= 0 (0 = all), got {self.tokenizer_sample}")
+        _check(self.shard_size >= 1, "data.shard_size", f"must be >= 1, got {self.shard_size}")
+        _check(self.workers >= 0, "data.workers", f"must be >= 0 (0 = one per core), got {self.workers}")
+        _check(not self.prepared or self.task == "translation", "data.prepared",
+               f"a prepared corpus holds a translation task, but data.task is '{self.task}'")
         _check(0 < self.character_coverage <= 1, "data.character_coverage",
                f"must be in (0, 1], got {self.character_coverage}")
         _check(self.task != "speech" or bool(self.dir), "data.dir",

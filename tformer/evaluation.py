@@ -23,7 +23,7 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
     model.eval()
     device = next(model.parameters()).device
     src_lens, tgt_lens = model_lengths(examples, cfg.model.frame_skip)
-    batches = token_budget_batches(src_lens, tgt_lens, max(cfg.train.max_tokens, max(src_lens + tgt_lens)),
+    batches = token_budget_batches(src_lens, tgt_lens, max(cfg.train.max_tokens, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=0))),
                                    shuffle=False)
     loss = nll = correct = total = 0.0
     for idx in batches:
@@ -77,11 +77,11 @@ def ponder_steps(model: Transformer, examples: list[Example], max_tokens: int = 
     src_lens, tgt_lens = model_lengths(examples, model.cfg.frame_skip)
     src_steps: list[list[int]] = [[] for _ in examples]
     tgt_steps: list[list[int]] = [[] for _ in examples]
-    for idx in token_budget_batches(src_lens, tgt_lens, max(max_tokens, max(src_lens + tgt_lens)), shuffle=False):
+    for idx in token_budget_batches(src_lens, tgt_lens, max(max_tokens, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=0))), shuffle=False):
         b = collate([examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos).to(device)
         enc, dec = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).ponder
         for row, i in enumerate(idx):
-            src_steps[i] = enc.steps[row, : src_lens[i]].long().tolist()
-            tgt_steps[i] = dec.steps[row, : tgt_lens[i]].long().tolist()
+            src_steps[i] = enc.steps[row, : int(src_lens[i])].long().tolist()
+            tgt_steps[i] = dec.steps[row, : int(tgt_lens[i])].long().tolist()
     model.train(was_training)
     return src_steps, tgt_steps

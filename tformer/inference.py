@@ -51,7 +51,7 @@ def _source_batch(model: Transformer, sources: list[Source]) -> tuple[Tensor, Te
     device = next(model.parameters()).device
     if isinstance(sources[0], Tensor):
         return pad_frames(sources).to(device), torch.tensor([len(s) for s in sources], device=device)
-    src = pad_sequences([list(s) + [Vocab.eos] for s in sources], Vocab.pad).to(device)  # (B, S)
+    src = pad_sequences(sources, Vocab.pad, last=Vocab.eos)[0].to(device)  # (B, S)
     return src, torch.tensor([len(s) + 1 for s in sources], device=device)
 
 
@@ -98,7 +98,7 @@ def score_ids(model: Transformer, sources: list[Source], targets: list[list[int]
         for rows in decode_batches(lengths, batch_size, batch_type):
             src, src_lengths = _source_batch(model, [sources[i] for i in rows])
             device = src.device
-            tgt_in = pad_sequences([[Vocab.bos] + targets[i] for i in rows], Vocab.pad).to(device)  # (B, T)
+            tgt_in = pad_sequences([targets[i] for i in rows], Vocab.pad, first=Vocab.bos)[0].to(device)  # (B, T)
             gold = torch.tensor([t for i in rows for t in targets[i] + [Vocab.eos]], device=device)  # (Nt,)
             tgt_lengths = torch.tensor([len(targets[i]) + 1 for i in rows], device=device)  # (B,)
             hidden = model(src, src_lengths, tgt_in, tgt_lengths).real()  # (Nt, D), sentence after sentence

@@ -112,9 +112,9 @@ def attention_maps(model, pairs: list[tuple[list[int] | Tensor, list[int]]],
             src = pad_frames([s for s, _ in pairs]).to(device)
             src_lengths = torch.tensor([len(s) for s, _ in pairs], device=device)
         else:
-            src = pad_sequences([list(s) + [Vocab.eos] for s, _ in pairs], Vocab.pad).to(device)
+            src = pad_sequences([s for s, _ in pairs], Vocab.pad, last=Vocab.eos)[0].to(device)
             src_lengths = torch.tensor([len(s) + 1 for s, _ in pairs], device=device)
-        tgt_in = pad_sequences([[Vocab.bos] + list(t) for _, t in pairs], Vocab.pad).to(device)
+        tgt_in = pad_sequences([t for _, t in pairs], Vocab.pad, first=Vocab.bos)[0].to(device)
         tgt_lengths = torch.tensor([len(t) + 1 for _, t in pairs], device=device)
         out = model(src, src_lengths, tgt_in, tgt_lengths, need_weights=True)
     finally:

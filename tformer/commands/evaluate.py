@@ -41,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
               "decode": to_dict(result.decode), "attention": cfg.model.attention}
     if scores:
         report["signatures"] = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature,
-                                "tok_bleu": scores.tok_bleu_signature}
+                                "tok_bleu": scores.tok_bleu_signature,
+                                **({"tok_bleu_compound": scores.tok_bleu_compound_signature}
+                                   if scores.tok_bleu_compound is not None else {})}
     if args.json:
         print(json.dumps(report))
     else:
@@ -52,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  sacreBLEU      {scores.bleu:6.2f}   {scores.bleu_signature}")
             print(f"  chrF           {scores.chrf:6.2f}   {scores.chrf_signature}")
             print(f"  tokenized BLEU {scores.tok_bleu:6.2f}   {scores.tok_bleu_signature}")
+            if scores.tok_bleu_compound is not None:
+                print(f"  tokenized BLEU {scores.tok_bleu_compound:6.2f}   {scores.tok_bleu_compound_signature}  "
+                      "(compounds split: the figure WMT14 en-de papers report)")
         elif cfg.data.task in SPEECH_TASKS:
             print(f"  character error rate {metrics['cer']:6.2f}%   word error rate {metrics['wer']:6.2f}%")
         else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Callable, Iterator, Sequence
 
 from tformer.config import DataConfig
 from tformer.data.batching import Batch, Example, collate, model_lengths, token_budget_batches
@@ -44,11 +46,31 @@ def build_tokenizers(cfg: DataConfig, train: list[Pair], joint: bool) -> Tokeniz
     return WordTokenizer(Vocab.build(s for s, _ in train)), WordTokenizer(Vocab.build(t for _, t in train))
 
 
+class LazyTexts(Mapping):
+    """The texts of the splits loaded: each read on first use, (sources, references)."""
+
+    def __init__(self, splits: Sequence[str], load: Callable[[str], tuple[list[str], list[str]]]) -> None:
+        self._splits, self._load, self._read = tuple(splits), load, {}
+
+    def __getitem__(self, split: str) -> tuple[list[str], list[str]]:
+        if split not in self._splits:
+            raise KeyError(split)
+        if split not in self._read:
+            self._read[split] = self._load(split)
+        return self._read[split]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._splits)
+
+    def __len__(self) -> int:
+        return len(self._splits)
+
+
 @dataclass
 class TaskData:
     tokenizers: Tokenizers
-    texts: dict[str, tuple[list[str], list[str]]]  # per split: source and reference sentences (kept pairs)
-    examples: dict[str, list[Example]]  # ids, no specials
+    texts: Mapping[str, tuple[list[str], list[str]]]  # per split: source and reference sentences (kept pairs)
+    examples: dict[str, Sequence[Example]]  # ids, no specials; a prepared training split stays on disk (mmap)
 
     @property
     def src_vocab(self) -> Vocab:
@@ -60,15 +82,16 @@ class TaskData:
 
 
 def load_task(cfg: DataConfig, splits: tuple[str, ...] = SPLITS, joint: bool = False,
-              tokenizers: Tokenizers | None = None, feature_dim: int = 0) -> TaskData:
+              tokenizers: Tokenizers | None = None, feature_dim: int = 0, progress: bool = False) -> TaskData:
     """The splits asked for, as text and as ids. Without `tokenizers`, they are built from the training
-    split (SentencePiece is trained for 'translation'). Speech tasks need `feature_dim` (model.feature_dim):
+    split (SentencePiece is trained for 'translation', whose corpus is prepared once: tformer.data.prepare;
+    `progress` shows bars while it is). Speech tasks need `feature_dim` (model.feature_dim):
     their sources are frames (S, F), their texts (utterance ids, transcripts)."""
     for s in splits:
         if s not in SPLITS:
             raise DataError(f"unknown split '{s}'; choose one of {', '.join(SPLITS)}")
     if cfg.task == "translation":
-        return _load_translation(cfg, splits, joint, tokenizers)
+        return _load_translation(cfg, splits, joint, tokenizers, progress)
     if cfg.task in ("speech", "synthetic_speech"):
         return _load_speech(cfg, splits, tokenizers, feature_dim)
     pairs = {s: load_pairs(cfg, s) for s in splits}
@@ -81,21 +104,20 @@ def load_task(cfg: DataConfig, splits: tuple[str, ...] = SPLITS, joint: bool = F
     return TaskData(tokenizers, texts, examples)
 
 
-def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tokenizers: Tokenizers | None
-                      ) -> TaskData:
-    from tformer.data.translation import encode_split, read_split, train_tokenizers
+def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tokenizers: Tokenizers | None,
+                      progress: bool = False) -> TaskData:
+    """From a prepared corpus (data.prepared, or the cache's, prepared now if needed): the training split stays
+    in its memory-mapped shards, the others are read into lists; texts are read when first asked for."""
+    from tformer.data.prepare import prepared_corpus
 
     if joint and not cfg.joint_vocab:
         raise ConfigError("config key 'model.share_embeddings' needs one joint vocabulary: set data.joint_vocab=true")
-    corpora = {s: read_split(cfg, s) for s in splits}
-    if tokenizers is None:
-        train = corpora["train"] if "train" in corpora else read_split(cfg, "train")
-        tokenizers = train_tokenizers(cfg, train)
-    texts, examples = {}, {}
-    for s, corpus in corpora.items():
-        examples[s], keep = encode_split(cfg, s, corpus, tokenizers)
-        texts[s] = ([corpus.src[i] for i in keep], [corpus.tgt[i] for i in keep])
-    return TaskData(tokenizers, texts, examples)
+    corpus = prepared_corpus(cfg, splits, tokenizers, progress)
+    if joint and corpus.tokenizers[0] is not corpus.tokenizers[1]:
+        raise ConfigError(f"config key 'model.share_embeddings' needs one joint vocabulary, but data.prepared="
+                          f"{cfg.prepared} has one per side; prepare it with data.joint_vocab=true")
+    examples = {s: corpus.examples(s) if s == "train" else list(corpus.examples(s)) for s in splits}
+    return TaskData(corpus.tokenizers, LazyTexts(splits, corpus.texts), examples)
 
 
 def _load_speech(cfg: DataConfig, splits: tuple[str, ...], tokenizers: Tokenizers | None, feature_dim: int

@@ -3,7 +3,7 @@
     RUN_DIR/checkpoints/step_000500/
         model.safetensors       weights (tied tensors stored once)
         optimizer.safetensors   optimizer moments and the RNG state, for resume
-        trainer.json            step, epoch, position in the epoch, optimizer hyper-parameters, metrics
+        trainer.json            the TrainerState (step, epoch, data cursor, best, ...), optimizer hyper-parameters
         config.yaml             the full configuration
         vocab.src.txt, vocab.tgt.txt
         spm.src.model, spm.tgt.model   SentencePiece tokenizers (translation task)
@@ -36,6 +36,7 @@ from tformer.data.vocab import Vocab
 from tformer.errors import CheckpointError, DataError, NoCheckpointError
 from tformer.files import replace_atomically
 from tformer.model.transformer import legacy_parameter_order, upgrade_state
+from tformer.training.state import TrainerState, check_fields
 
 Tokenizers = tuple[Tokenizer, Tokenizer]
 
@@ -308,6 +309,10 @@ class Checkpoint:
     trainer: dict[str, Any]
     legacy: bool = False  # tensor names from before the model was a composition (see load_model_state)
 
+    def state(self) -> TrainerState:
+        """Where the run stood (trainer.json, field for field)."""
+        return TrainerState.from_json(self.trainer, self.path / "trainer.json")
+
     def load_model_state(self, model: nn.Module) -> None:
         """Load the weights into `model`, rejecting missing, extra or mis-shaped tensors by name."""
         file = self.path / "model.safetensors"
@@ -390,11 +395,6 @@ def _check_optimizer_tensors(file: Path, tensors: dict[str, Tensor], groups: Any
                               "damaged or from another model")
 
 
-TRAINER_FIELDS = {"epoch": int, "update_in_epoch": int, "bad_evals": int, "world_size": int, "bad_updates": int,
-                  "skipped_updates": int, "elapsed": (int, float), "param_groups": list}
-TRAINER_KINDS = {int: "whole number >= 0", (int, float): "number", list: "list"}
-
-
 def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()) -> Checkpoint:
     ckpt = resolve_checkpoint(path, which)
     try:
@@ -406,11 +406,7 @@ def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] 
     if not isinstance(info.get("version"), int) or not isinstance(info.get("step"), int) or info["step"] < 0:
         raise CheckpointError(f"{ckpt / 'trainer.json'}: 'version' and 'step' must be whole numbers >= 0; the file "
                               "is damaged or tampered")
-    for key, kind in TRAINER_FIELDS.items():
-        if key in info and (not isinstance(info[key], kind) or isinstance(info[key], bool)
-                            or (kind is int and info[key] < 0)):
-            raise CheckpointError(f"{ckpt / 'trainer.json'}: '{key}' is {info[key]!r}, not a {TRAINER_KINDS[kind]}; "
-                                  "the file is damaged or tampered (use an earlier checkpoint)")
+    check_fields(info, ckpt / "trainer.json")
     if info["version"] > FORMAT_VERSION:
         raise CheckpointError(f"{ckpt} has format version {info['version']}, newer than this tformer "
                               f"reads ({FORMAT_VERSION}); upgrade tformer")

@@ -1,8 +1,9 @@
 """The training loop: token-budget batches, Adam + schedule, accumulation, clipping, evaluation,
 checkpoints and resume.
 
-The batch order is a pure function of (seed, epoch), and a checkpoint records the epoch, the position in
-it, the optimizer and the RNG: `resume` continues exactly where the run stopped.
+The batch order is a pure function of (seed, epoch), and a checkpoint records the TrainerState (the epoch
+and the cursor in it among the rest), the optimizer and the RNG: `resume` continues exactly where the run
+stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tformer.config import SPEECH_TASKS, Config, TrainConfig, save_config
-from tformer.data import Batch, Vocab, collate, load_task, model_lengths, token_budget_batches
+from tformer.data import Batch, Vocab, load_task
 from tformer.errors import ConfigError, TformerError, TrainingError
 from tformer.evaluation import evaluate
 from tformer.model import Transformer, build_model
@@ -33,7 +34,9 @@ from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, che
                                       load_checkpoint, load_tokenizers, save_checkpoint, save_tokenizers)
 from tformer.training.distributed import Context, all_reduce_update
 from tformer.training.loss import generator_loss
+from tformer.training.batches import Batches, prefetch
 from tformer.training.schedule import learning_rate
+from tformer.training.state import TrainerState
 
 log = logging.getLogger("tformer")
 
@@ -264,260 +267,286 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     try:
         if not ctx.main:
             log.setLevel(logging.WARNING)  # one voice: rank 0 logs
-        return _train(cfg, Path(run_dir), resume, progress and ctx.main, ctx)
+        return Trainer(cfg, Path(run_dir), resume, progress and ctx.main, ctx).run()
     finally:
         torch.set_num_threads(threads)  # train.threads is this run's, not the caller's for good
         torch.use_deterministic_algorithms(deterministic)
         distributed.teardown(ctx)
 
 
-def _train(cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Context) -> TrainResult:
-    t = cfg.train
-    if t.threads:
-        torch.set_num_threads(t.threads)
-    if t.tensorboard:
-        _summary_writer_class()  # fail before any work when the package is missing
-    ckpt, restart = None, False
-    if resume:
-        try:
-            ckpt = load_checkpoint(run_dir, which="latest")
-        except NoCheckpointError:  # stopped (or killed) before its first checkpoint: nothing to continue from
-            if not run_dir.is_dir():
-                raise
-            restart = True
-            log.warning("%s holds no complete checkpoint yet (the run stopped before its first): starting it "
-                        "from the beginning", run_dir)
-    elif (run_dir / "checkpoints").is_dir() and list_checkpoints(run_dir / "checkpoints"):
-        raise CheckpointError(f"{run_dir} already holds checkpoints; add --resume to continue it, "
-                              "or choose another --run-dir")
-    if ckpt and ckpt.trainer.get("world_size", 1) != ctx.world:
-        raise CheckpointError(f"{ckpt.path} was written by {ckpt.trainer.get('world_size', 1)} training "
-                              f"process(es), this run has {ctx.world}: resume with the same number (torchrun "
-                              "--nproc-per-node N), so the batches of each update stay the same")
-    torch.manual_seed(t.seed)
-    data = _load_data(cfg, run_dir, ckpt, ctx)
-    tokenizers = data.tokenizers
-    model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab)).to(ctx.device)
-    distributed.broadcast_parameters(ctx, model)
-    if ctx.rank:  # dropout masks differ between processes (rank 0 keeps the single-process stream)
-        torch.manual_seed(t.seed + 1_000_003 * ctx.rank)
-    optimizer = build_optimizer(model, cfg)
-    amp = Precision(t.precision, ctx.device)
-    state: dict[str, Any] = {"epoch": 0, "update_in_epoch": 0, "elapsed": 0.0, "best": None,
-                             "best_step": None, "reached_target": False, "bad_evals": 0, "grad_scaler": None,
-                             "bad_updates": 0, "skipped_updates": 0}
-    step = 0
-    if ckpt:
-        ckpt.load_model_state(model)
-        ckpt.load_training_state(optimizer, ctx.rank, model)
-        state.update({k: ckpt.trainer[k] for k in state if k in ckpt.trainer})
-        state["reached_target"] = False  # judged afresh against this session's target at its next evaluation
-        step = ckpt.trainer["step"]
-        amp.load(state["grad_scaler"])
-        log.info("resumed from %s (step %d, epoch %d)", ckpt.path, step, state["epoch"])
-    if ctx.main:
-        save_config(cfg, run_dir / "config.yaml")
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %s parameters; train %d, valid %d examples; run folder %s%s", f"{n_params:,}",
-             len(data.examples["train"]), len(data.examples["valid"]), run_dir,
-             f"; {ctx.world} processes ({ctx.device.type}), {ctx.world} x {t.accum_steps} batches per update"
-             if ctx.enabled else "")
+class Trainer:
+    """One training session of a run: builds (or restores) everything, then `run` loops over updates,
+    evaluating and checkpointing as configured. Its whole progress is `self.state` (a TrainerState)."""
 
-    train_ex, valid_ex = data.examples["train"], data.examples["valid"]
-    valid_refs = data.texts["valid"][1] if cfg.data.task in ("translation", *SPEECH_TASKS) else None
-    valid_decode = dataclasses.replace(cfg.decode, strategy="greedy" if t.valid_beam == 1 else "beam",
-                                       beam_size=t.valid_beam, nbest=1)
-    src_lens, tgt_lens = model_lengths(train_ex, cfg.model.frame_skip)
-    if (ckpt or restart) and ctx.main:
-        _truncate_metrics(run_dir / "metrics.jsonl", step)
-    recorder = None
-    if t.attention_examples and ctx.main:
-        from tformer.viz.record import AttentionRecorder
-
-        recorder = AttentionRecorder(run_dir, valid_ex, tokenizers, t.attention_examples)
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool, progress: bool, ctx: Context) -> None:
+        t = self.t = cfg.train
+        self.cfg, self.run_dir, self.progress, self.ctx = cfg, run_dir, progress, ctx
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        if t.tensorboard:
+            _summary_writer_class()  # fail before any work when the package is missing
+        ckpt, self.restarted = self._checkpoint_to_resume(resume)
+        torch.manual_seed(t.seed)
+        data = _load_data(cfg, run_dir, ckpt, ctx, progress)
+        self.tokenizers = data.tokenizers
+        self.train_examples, self.valid_examples = data.examples["train"], data.examples["valid"]
+        self.valid_refs = data.texts["valid"][1] if cfg.data.task in ("translation", *SPEECH_TASKS) else None
+        self.batches = Batches(self.train_examples, cfg, ctx)  # planned before the model: its temporaries go first
+        self.model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab)).to(ctx.device)
+        distributed.broadcast_parameters(ctx, self.model)
+        if ctx.rank:  # dropout masks differ between processes (rank 0 keeps the single-process stream)
+            torch.manual_seed(t.seed + 1_000_003 * ctx.rank)
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.amp = Precision(t.precision, ctx.device)
+        self.state = TrainerState()
         if ckpt:
-            recorder.truncate(step)
+            ckpt.load_model_state(self.model)
+            ckpt.load_training_state(self.optimizer, ctx.rank, self.model)
+            self.state = ckpt.state()
+            self.amp.load(self.state.grad_scaler)
+            log.info("resumed from %s (step %d, epoch %d, update %d of %d in it)", ckpt.path, self.state.step,
+                     self.state.epoch, self.state.cursor, self.batches.per_epoch)
+        self.resumed = ckpt is not None
+        self.last_eval_step = self.state.step if ckpt else -1
+        self.stop_early = False
+        self.window = _Window()
+        if ctx.main:
+            save_config(cfg, run_dir / "config.yaml")
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log.info("model: %s parameters; train %d, valid %d examples; run folder %s%s", f"{n_params:,}",
+                 len(self.train_examples), len(self.valid_examples), run_dir,
+                 f"; {ctx.world} processes ({ctx.device.type}), {ctx.world} x {t.accum_steps} batches per update"
+                 if ctx.enabled else "")
+
+    def _checkpoint_to_resume(self, resume: bool):
+        run_dir, ckpt, restart = self.run_dir, None, False
+        if resume:
+            try:
+                ckpt = load_checkpoint(run_dir, which="latest")
+            except NoCheckpointError:  # stopped (or killed) before its first checkpoint: nothing to continue from
+                if not run_dir.is_dir():
+                    raise
+                restart = True
+                log.warning("%s holds no complete checkpoint yet (the run stopped before its first): starting it "
+                            "from the beginning", run_dir)
+        elif (run_dir / "checkpoints").is_dir() and list_checkpoints(run_dir / "checkpoints"):
+            raise CheckpointError(f"{run_dir} already holds checkpoints; add --resume to continue it, "
+                                  "or choose another --run-dir")
+        if ckpt and ckpt.trainer.get("world_size", 1) != self.ctx.world:
+            raise CheckpointError(f"{ckpt.path} was written by {ckpt.trainer.get('world_size', 1)} training "
+                                  f"process(es), this run has {self.ctx.world}: resume with the same number "
+                                  "(torchrun --nproc-per-node N), so the batches of each update stay the same")
+        return ckpt, restart
+
+    # ---------------------------------------------------------------------------------------- the loop
+
+    def run(self) -> TrainResult:
+        t, state, ctx = self.t, self.state, self.ctx
+        if (self.resumed or self.restarted) and ctx.main:
+            _truncate_metrics(self.run_dir / "metrics.jsonl", state.step)
+        self.recorder = self._recorder()
+        self.board = (_tensorboard(self.run_dir, state.step if self.resumed or self.restarted else None)
+                      if t.tensorboard and ctx.main else None)
+        self.session_start, self.elapsed0 = time.perf_counter(), state.elapsed
+        total = t.epochs * self.batches.per_epoch
+        total = min(t.max_steps, total) if t.max_steps else total
+        bar = tqdm(total=total, initial=min(state.step, total), disable=not self.progress, unit="step",
+                   dynamic_ncols=True)
+        metrics_log = (open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if ctx.main
+                       else contextlib.nullcontext())
+        self.model.train()
+        stop, interrupted = bool(t.max_steps and state.step >= t.max_steps), False
+        with _StopOnSigint() as sigint, bar, metrics_log as self.metrics_log, self.board or contextlib.nullcontext():
+            while state.epoch < t.epochs and not stop:
+                updates = prefetch(self.batches.updates(state.epoch, state.cursor))
+                try:
+                    for micro in updates:
+                        self._take(micro)
+                        bar.update(1)
+                        self._log(bar)
+                        if state.cursor == 0 and not t.eval_every:  # the epoch ended
+                            self.evaluate()
+                        elif t.eval_every and state.step % t.eval_every == 0:
+                            self.evaluate()
+                        elif t.save_every and state.step % t.save_every == 0:
+                            self.checkpoint(None)
+                        # every process stops at the same update: the flags of all of them count
+                        interrupted, late = distributed.any_rank(ctx, sigint.requested, self._out_of_time())
+                        stop = (state.reached_target or bool(t.max_steps and state.step >= t.max_steps)
+                                or interrupted or self.stop_early or late)
+                        if stop or state.cursor == 0:
+                            break
+                finally:
+                    updates.close()
+            if interrupted:
+                path = self.checkpoint(None)
+                log.warning("interrupted at step %d: saved %s; continue with --resume", state.step, path)
+                return TrainResult(self.run_dir, path, state.step, state.best, state.elapsed, False, interrupted=True)
+            if self.last_eval_step != state.step:
+                self.evaluate()
+            latest = self.checkpoint(None)  # still under the Ctrl-C guard: a Ctrl-C now lets it finish
+        return TrainResult(self.run_dir, latest, state.step, state.best, state.elapsed, state.reached_target)
+
+    def _take(self, micro: list[Batch]) -> None:
+        """One update over this process's batches `micro`; the state advances whether it was taken or skipped."""
+        state = self.state
+        self.lr = learning_rate(state.step + 1, self.t, self.cfg.model.d_model)
+        ok = _update(self.model, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp)
+        state.advance(self.batches.per_epoch)
+        if ok:
+            state.bad_updates = 0
         else:
-            recorder.truncate(0)  # a restart drops what the stopped attempt recorded
-            recorder.record(model, 0)  # the untrained model: the first frame of the animations
-    board = _tensorboard(run_dir, step if ckpt or restart else None) if t.tensorboard and ctx.main else None
-    metrics_log = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if ctx.main else contextlib.nullcontext()
-    session_start = time.perf_counter()
-    elapsed0 = state["elapsed"]
-    last_eval_step = step if ckpt else -1
-    stop_early = False  # set by run_eval when train.patience runs out
+            self._bad_update()
 
-    def elapsed() -> float:
-        return elapsed0 + time.perf_counter() - session_start
+    def _log(self, bar: tqdm) -> None:
+        state, window = self.state, self.window
+        if not ((state.step % self.t.log_every == 0 or state.step == 1) and window.tgt):
+            return
+        epoch = state.epoch - (state.cursor == 0)  # the epoch this update belonged to
+        rec = {"kind": "train", "step": state.step, "epoch": epoch, "lr": self.lr, **window.flush(),
+               "elapsed": round(self._elapsed(), 2)}
+        self._write(rec)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_acc']:.3f}", lr=f"{self.lr:.2e}",
+                        tok_s=f"{rec['tok_per_s']:.0f}", **({"ponder": f"{rec['ponder']:.2f}"} if "ponder" in rec
+                                                           else {}), refresh=False)
+        if not self.progress:
+            ponder = f"  ponder {rec['ponder']:.2f} steps" if "ponder" in rec else ""
+            log.info("step %d  epoch %d  loss %.4f  token acc %.4f  lr %.2e  %.0f tok/s%s", state.step, epoch,
+                     rec["loss"], rec["token_acc"], self.lr, rec["tok_per_s"], ponder)
 
-    def out_of_time() -> bool:
-        if t.max_hours and elapsed() >= t.max_hours * 3600:
-            log.info("train.max_hours=%g reached at step %d", t.max_hours, step)
+    def _elapsed(self) -> float:
+        return self.elapsed0 + time.perf_counter() - self.session_start
+
+    def _out_of_time(self) -> bool:
+        if self.t.max_hours and self._elapsed() >= self.t.max_hours * 3600:
+            log.info("train.max_hours=%g reached at step %d", self.t.max_hours, self.state.step)
             return True
         return False
 
-    def write(record: dict[str, Any]) -> None:
-        if not ctx.main:
+    def _write(self, record: dict[str, Any]) -> None:
+        if not self.ctx.main:
             return
         try:
-            metrics_log.write(json.dumps(record) + "\n")
-            metrics_log.flush()
+            self.metrics_log.write(json.dumps(record) + "\n")
+            self.metrics_log.flush()
         except OSError as e:
-            raise TrainingError(f"could not write {run_dir / 'metrics.jsonl'} at step {step} ({e.strerror or e}); "
-                                "the last checkpoint is intact: free space and continue with --resume") from None
-        if board is not None:
+            raise TrainingError(f"could not write {self.run_dir / 'metrics.jsonl'} at step {self.state.step} "
+                                f"({e.strerror or e}); the last checkpoint is intact: free space and continue with "
+                                "--resume") from None
+        if self.board is not None:
             for key, value in record.items():
                 if key not in ("kind", "step") and isinstance(value, (int, float)):
-                    board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
-            board.flush()
+                    self.board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+            self.board.flush()
 
-    def finite_weights() -> bool:
-        return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+    def _recorder(self):
+        if not (self.t.attention_examples and self.ctx.main):
+            return None
+        from tformer.viz.record import AttentionRecorder
 
-    def checkpoint(metrics: dict[str, Any] | None) -> Path:
+        recorder = AttentionRecorder(self.run_dir, self.valid_examples, self.tokenizers, self.t.attention_examples)
+        if self.resumed:
+            recorder.truncate(self.state.step)
+        else:
+            recorder.truncate(0)  # a restart drops what the stopped attempt recorded
+            recorder.record(self.model, 0)  # the untrained model: the first frame of the animations
+        return recorder
+
+    # ---------------------------------------------------------------------------------------- saving
+
+    def _finite_weights(self) -> bool:
+        return bool(torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all())
+
+    def checkpoint(self, metrics: dict[str, Any] | None) -> Path:
         """Every process calls this (their random states are gathered); rank 0 writes. Weights that are no
         longer finite are never saved over the last good checkpoint."""
-        if not finite_weights():
-            raise TrainingError(f"training stopped at step {step}: the weights are no longer finite (an update "
-                                "with a finite gradient overflowed them: the learning rate is far too high); "
-                                f"nothing was saved, the last checkpoint in {run_dir / 'checkpoints'} is intact. "
+        state, ctx = self.state, self.ctx
+        if not self._finite_weights():
+            raise TrainingError(f"training stopped at step {state.step}: the weights are no longer finite (an "
+                                "update with a finite gradient overflowed them: the learning rate is far too high); "
+                                f"nothing was saved, the last checkpoint in {self.run_dir / 'checkpoints'} is intact. "
                                 "Lower train.lr and continue with --resume")
         best = False
-        if metrics is not None and _better(metrics, state["best"]):
-            state["best"], state["best_step"], best = metrics, step, True
+        if metrics is not None and _better(metrics, state.best):
+            state.best, state.best_step, best = metrics, state.step, True
         if metrics is not None:
-            state["bad_evals"] = 0 if best else state["bad_evals"] + 1
-        state["elapsed"] = elapsed()
-        state["grad_scaler"] = amp.state()
+            state.bad_evals = 0 if best else state.bad_evals + 1
+        state.elapsed = self._elapsed()
+        state.grad_scaler = self.amp.state()
         rng = distributed.gather_rng(ctx)
-        path = run_dir / "checkpoints" / f"step_{step:07d}"
+        path = self.run_dir / "checkpoints" / f"step_{state.step:07d}"
         if ctx.main:
-            path = save_checkpoint(run_dir, step, model, optimizer, dict(state), cfg, tokenizers, best=best,
-                                   keep_last=t.keep_last, rng_states=rng)
+            path = save_checkpoint(self.run_dir, state.step, self.model, self.optimizer, state.to_json(), self.cfg,
+                                   self.tokenizers, best=best, keep_last=self.t.keep_last, rng_states=rng)
         distributed.barrier(ctx)
         return path
 
-    def bad_updates(at: int) -> None:
+    def _bad_update(self) -> None:
         """An update skipped for a NaN/inf loss or gradient: warn; stop after train.max_bad_updates in a row."""
-        state["bad_updates"] += 1
-        state["skipped_updates"] += 1
-        n = state["bad_updates"]
+        state, t = self.state, self.t
+        state.bad_updates += 1
+        state.skipped_updates += 1
+        n, at = state.bad_updates, state.step
         log.warning("step %d: the loss or the gradients are NaN/inf; update skipped, weights unchanged (%d in a "
                     "row, the limit is train.max_bad_updates=%d)", at, n, t.max_bad_updates)
         if n < t.max_bad_updates:
             return
         why = (f"training stopped at step {at}: the loss or the gradients were NaN/inf in {n} updates in a row "
                f"(steps {at - n + 1}-{at}), each skipped. ")
-        if finite_weights():
-            path = checkpoint(None)
+        if self._finite_weights():
+            path = self.checkpoint(None)
             why += f"The weights are still finite (from before those updates): saved {path}. "
         else:
             why += (f"The weights themselves are no longer finite, so nothing was saved; the last checkpoint in "
-                    f"{run_dir / 'checkpoints'} is intact. ")
+                    f"{self.run_dir / 'checkpoints'} is intact. ")
         raise TrainingError(why + "Usual causes: a learning rate too high for the model (train.lr, train.warmup), "
                             "no gradient clipping (train.clip_norm), fp16 overflow (train.precision=bf16 or fp32), "
                             "or a corrupt batch; change one and continue with --resume")
 
-    def run_eval() -> dict[str, Any]:
+    # ---------------------------------------------------------------------------------------- evaluating
+
+    def evaluate(self) -> dict[str, Any]:
         """Every process calls this; rank 0 evaluates, the others wait and receive the outcome."""
-        nonlocal last_eval_step, stop_early
-        last_eval_step = step
-        metrics: dict[str, Any] = {}
-        if ctx.main:
-            metrics = evaluate_on_main()
-        checkpoint(metrics if ctx.main else None)
+        state, ctx, t = self.state, self.ctx, self.t
+        self.last_eval_step = state.step
+        metrics: dict[str, Any] = self._evaluate_on_main() if ctx.main else {}
+        self.checkpoint(metrics if ctx.main else None)
         if ctx.enabled:
-            shared = distributed.broadcast_object(ctx, (state, metrics))
-            state.update(shared[0])
-            metrics = shared[1]
-        if t.patience and state["bad_evals"] >= t.patience:
-            stop_early = True
+            shared, metrics = distributed.broadcast_object(ctx, (state.to_json(), metrics))
+            for key, value in shared.items():  # in place: the loop holds this object
+                setattr(state, key, value)
+        if t.patience and state.bad_evals >= t.patience:
+            self.stop_early = True
             log.info("no better validation %s in %d evaluations: stopping early (best: step %s)",
                      "BLEU" if "bleu" in metrics else "CER" if "cer" in metrics else "score", t.patience,
-                     state["best_step"])
-        model.train()
+                     state.best_step)
+        self.model.train()
         return metrics
 
-    def evaluate_on_main() -> dict[str, Any]:
+    def _evaluate_on_main(self) -> dict[str, Any]:
+        cfg, state = self.cfg, self.state
+        decode = dataclasses.replace(cfg.decode, strategy="greedy" if self.t.valid_beam == 1 else "beam",
+                                     beam_size=self.t.valid_beam, nbest=1)
         tic = time.perf_counter()
-        metrics, _ = evaluate(model, valid_ex, cfg, decode=valid_decode, references=valid_refs,
-                              tokenizer=tokenizers[1])
+        metrics, _ = evaluate(self.model, self.valid_examples, cfg, decode=decode, references=self.valid_refs,
+                              tokenizer=self.tokenizers[1])
         metrics["eval_seconds"] = time.perf_counter() - tic
-        if recorder is not None:
-            recorder.record(model, step)
-        if t.target_exact_match and metrics.get("exact_match", 0.0) >= t.target_exact_match:
-            state["reached_target"] = True
-        write({"kind": "valid", "step": step, "epoch": state["epoch"], "elapsed": round(elapsed(), 2),
-               **{k: round(v, 6) for k, v in metrics.items()}})
+        if self.recorder is not None:
+            self.recorder.record(self.model, state.step)
+        if self.t.target_exact_match and metrics.get("exact_match", 0.0) >= self.t.target_exact_match:
+            state.reached_target = True
+        epoch = state.epoch - (state.cursor == 0 and state.step > 0)
+        self._write({"kind": "valid", "step": state.step, "epoch": epoch, "elapsed": round(self._elapsed(), 2),
+                     **{k: round(v, 6) for k, v in metrics.items()}})
         scores = (f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}" if "bleu" in metrics
                   else f"CER {metrics['cer']:.2f}%  WER {metrics['wer']:.2f}%" if "cer" in metrics
                   else f"exact match {metrics['exact_match']:.4f}")
-        log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  %s  (%.0f s)", step, metrics["loss"],
+        log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  %s  (%.0f s)", state.step, metrics["loss"],
                  metrics["ppl"], metrics["token_acc"], scores, metrics["eval_seconds"])
         return metrics
 
-    group = t.accum_steps * ctx.world  # batches per update, over all processes
-    per_epoch = -(-len(token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed, 0))
-                  // group)
-    total = t.epochs * per_epoch if not t.max_steps else min(t.max_steps, t.epochs * per_epoch)
-    bar = tqdm(total=total, initial=min(step, total), disable=not progress, unit="step", dynamic_ncols=True)
-    window = _Window()
-    model.train()
-    stop = bool(t.max_steps and step >= t.max_steps)
-    interrupted = False
-    with _StopOnSigint() as sigint, bar, metrics_log, board or contextlib.nullcontext():
-        while state["epoch"] < t.epochs and not stop:
-            batches = token_budget_batches(src_lens, tgt_lens, t.max_tokens, t.max_sentences, t.seed,
-                                           state["epoch"])
-            updates = [batches[i : i + group] for i in range(0, len(batches), group)]
-            while state["update_in_epoch"] < len(updates) and not stop:
-                mine = updates[state["update_in_epoch"]][ctx.rank :: ctx.world]  # this process's share
-                micro = [collate([train_ex[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos) for idx in mine]
-                lr = learning_rate(step + 1, t, cfg.model.d_model)
-                ok = _update(model, optimizer, micro, lr, t, window, ctx, amp)
-                step += 1
-                state["update_in_epoch"] += 1
-                bar.update(1)
-                if not ok:
-                    bad_updates(step)
-                else:
-                    state["bad_updates"] = 0
-                if (step % t.log_every == 0 or step == 1) and window.tgt:
-                    rec = {"kind": "train", "step": step, "epoch": state["epoch"], "lr": lr, **window.flush(),
-                           "elapsed": round(elapsed(), 2)}
-                    write(rec)
-                    bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_acc']:.3f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{rec['tok_per_s']:.0f}", **({"ponder": f"{rec['ponder']:.2f}"}
-                                                                       if "ponder" in rec else {}), refresh=False)
-                    if not progress:
-                        ponder = f"  ponder {rec['ponder']:.2f} steps" if "ponder" in rec else ""
-                        log.info("step %d  epoch %d  loss %.4f  token acc %.4f  lr %.2e  %.0f tok/s%s", step,
-                                 state["epoch"], rec["loss"], rec["token_acc"], lr, rec["tok_per_s"], ponder)
-                if t.eval_every and step % t.eval_every == 0:
-                    run_eval()
-                elif t.save_every and step % t.save_every == 0:
-                    checkpoint(None)
-                # every process stops at the same update: the flags of all of them count
-                interrupted, late = distributed.any_rank(ctx, sigint.requested, out_of_time())
-                stop = (state["reached_target"] or bool(t.max_steps and step >= t.max_steps) or interrupted
-                        or stop_early or late)
-            if state["update_in_epoch"] >= len(updates):
-                state["epoch"] += 1
-                state["update_in_epoch"] = 0
-                if not t.eval_every:
-                    run_eval()
-                    stop = stop or state["reached_target"] or stop_early
-        if interrupted:
-            path = checkpoint(None)
-            log.warning("interrupted at step %d: saved %s; continue with --resume", step, path)
-            return TrainResult(run_dir, path, step, state["best"], state["elapsed"], False, interrupted=True)
-        if last_eval_step != step:
-            run_eval()
-        latest = checkpoint(None)  # still under the Ctrl-C guard: a Ctrl-C now lets it finish
-    return TrainResult(run_dir, latest, step, state["best"], state["elapsed"], state["reached_target"])
 
-
-def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context):
+def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context, progress: bool = False):
     """Rank 0 reads the data (training the tokenizers of a new run) and writes the tokenizers into the run
     folder, which it creates only now (a bad corpus leaves nothing behind); the other processes then read
     the data with those tokenizers. A problem on rank 0 stops every process with its message."""
@@ -525,7 +554,8 @@ def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context):
     splits = ("train", "valid")
     if ctx.main:
         try:
-            data = load_task(cfg.data, splits, tokenizers=ckpt.tokenizers if ckpt else None, **kwargs)
+            data = load_task(cfg.data, splits, tokenizers=ckpt.tokenizers if ckpt else None, progress=progress,
+                             **kwargs)
             with torch.device("meta"):  # the parameter count, without allocating the model
                 n_params = sum(p.numel() for p in build_model(cfg.model, len(data.src_vocab),
                                                                len(data.tgt_vocab)).parameters())

@@ -1,0 +1,451 @@
+"""`tformer prepare`: a translation corpus, from raw text to a prepared corpus (tformer.data.prepared) once.
+
+1. Count the pairs of each split (a byte scan) and check that aligned files agree.
+2. Train SentencePiece on a seeded sample of `data.tokenizer_sample` training pairs (all of them when the
+   split is smaller: then the tokenizer is exactly the one trained on the whole split).
+3. Encode every split in `data.workers` processes, one shard of `data.shard_size` raw pairs per task, while
+   this process reads the text; training pairs are filtered as `filter_pairs` says.
+
+The folder's manifest records what decides its content (`identity`: the training files' SHA-256, the
+normalisation, the tokenizer settings or the given tokenizer, the filters, the shard size) and what it holds.
+A folder with another corpus's manifest is refused; one with this corpus's manifest is continued (finished
+shards kept). Without `data.prepared`, training and evaluation prepare into the cache folder, named by the
+identity, so a corpus is prepared once per machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import contextlib
+import fcntl
+import gzip
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from itertools import chain, islice
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from tformer.config import DataConfig
+from tformer.data.corpus import (NORMALIZATION, Corpus, FilterReport, _nul_byte, _open, filter_pairs, iter_lines,
+                                  normalize)
+from tformer.data.prepared import (FORMAT, MANIFEST, VERSION, PreparedCorpus, read_manifest, read_receipt,
+                                   sha256_file, token_dtype, tokenizer_files, write_file, write_manifest,
+                                   write_shard)
+from tformer.data.tokenizer import SubwordTokenizer
+from tformer.data.translation import cache_dir, corpus_files, read_split, train_tokenizers
+from tformer.errors import DataError
+
+log = logging.getLogger("tformer")
+
+SPLITS = ("train", "valid", "test")
+CHUNK = 4096  # pairs encoded at once inside a shard: bounds a worker's Python objects
+
+
+def count_lines(path: Path) -> int:
+    """Lines of a text file (plain or gzip), as `iter_lines` yields them, by scanning bytes."""
+    n, last = 0, b"\n"
+    with _open(path) as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        stream = gzip.open(f) if gzipped else f
+        try:
+            for chunk in iter(lambda: stream.read(1 << 24), b""):
+                nul = chunk.find(b"\0")
+                if nul >= 0:
+                    raise _nul_byte(str(path), n + chunk.count(b"\n", 0, nul) + 1)
+                n += chunk.count(b"\n")
+                last = chunk[-1:]
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path} looks gzip-compressed but cannot be decompressed ({e}); the file is "
+                            "probably truncated") from None
+    return n + (last != b"\n")
+
+
+@dataclass
+class Source:
+    """The raw pairs of one split: how many, where from, and a fresh iterator over them."""
+
+    split: str
+    origin: str
+    count: int
+    inputs: list[dict[str, Any]]  # name, bytes, SHA-256 of each file read
+    pairs: Callable[[], Iterator[tuple[str, str]]]
+
+
+_HASHED: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> SHA-256: each file hashed once per process
+
+
+def file_info(path: Path) -> dict[str, Any]:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(path)
+    return {"name": path.name, "bytes": st.st_size, "sha256": _HASHED[key]}
+
+
+def open_source(cfg: DataConfig, split: str) -> Source:
+    files = corpus_files(cfg, split)
+    inputs = [file_info(p) for p in files]
+    if cfg.format == "tsv":  # small by nature (the split needs every source sentence): in memory
+        corpus = read_split(cfg, split)
+        return Source(split, corpus.origin, len(corpus), inputs, lambda: zip(corpus.src, corpus.tgt))
+    src_path, tgt_path = files
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
+    origin = f"{src_path} + {tgt_path}"
+    if n_src != n_tgt:
+        for path in files:  # a file that is not text at all says so first, at its line
+            for _ in iter_lines(path):
+                pass
+        short, long_ = (src_path, tgt_path) if n_src < n_tgt else (tgt_path, src_path)
+        raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}: the files disagree from line "
+                        f"{min(n_src, n_tgt) + 1}, which exists in {long_} but not in {short}; the files must be "
+                        "aligned line by line")
+    if not n_src:
+        raise DataError(f"{origin}: the {split} split holds no sentence pairs (empty file); give {split} data, one "
+                        "sentence per line")
+    return Source(split, origin, n_src, inputs, lambda: zip(iter_lines(src_path), iter_lines(tgt_path)))
+
+
+# ------------------------------------------------------------------------------------------ identity
+
+
+def identity(cfg: DataConfig, tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None = None) -> dict[str, Any]:
+    """Everything that decides a prepared corpus's content, as JSON. With `tokenizers` (a checkpoint's), they
+    replace the tokenizer settings and the training files."""
+    out: dict[str, Any] = {
+        "normalization": NORMALIZATION, "format": cfg.format,
+        "split": ({"columns": list(cfg.tsv_columns), "valid_size": cfg.valid_size, "test_size": cfg.test_size,
+                   "seed": cfg.seed} if cfg.format == "tsv" else None),
+        "filter": {"max_len": cfg.filter_max_len, "max_ratio": cfg.filter_max_ratio},
+        "shard_size": cfg.shard_size,
+    }
+    if tokenizers is not None:
+        out["tokenizer"] = {"given": [t.fingerprint() for t in tokenizers]}
+    else:
+        out["tokenizer"] = {"subword": cfg.subword, "vocab_size": cfg.vocab_size, "joint": cfg.joint_vocab,
+                            "character_coverage": cfg.character_coverage, "sample": cfg.tokenizer_sample,
+                            "seed": cfg.seed, "train": [file_info(p)["sha256"] for p in corpus_files(cfg, "train")]}
+    return out
+
+
+def identity_key(ident: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _differences(a: Any, b: Any, where: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{where}{k}.")]
+    return [] if a == b else [f"{where.rstrip('.')} ({json.dumps(a)} there, {json.dumps(b)} here)"]
+
+
+# ------------------------------------------------------------------------------------------ preparing
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """One process prepares a folder at a time; the others wait, then find it done."""
+    with open(folder / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare(cfg: DataConfig, out: str | Path, splits: Iterable[str] = SPLITS,
+            tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None = None, progress: bool = False,
+            workers: int | None = None) -> PreparedCorpus:
+    """Prepare `splits` of `cfg`'s corpus into `out` (see the module docstring), continuing an interrupted
+    prepare of the same corpus there; returns it opened. `tokenizers` (a checkpoint's) skip training."""
+    if cfg.task != "translation":
+        raise DataError(f"tformer prepare writes translation corpora; data.task is '{cfg.task}' (its data is made "
+                        "in memory: nothing to prepare)")
+    splits = [s for s in SPLITS if s in set(splits)]
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out} is a file; give a folder for the prepared corpus")
+    if out.is_dir() and not (out / MANIFEST).exists() and any(p.name != ".lock" for p in out.iterdir()):
+        raise DataError(f"{out} is not empty and holds no prepared corpus; choose a new or empty folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create {out} ({e.strerror or e}); choose a writable folder") from None
+    ident = identity(cfg, tokenizers)
+    with _locked(out):
+        manifest = read_manifest(out)
+        if manifest is not None and manifest["identity"] != ident:
+            why = "; ".join(_differences(manifest["identity"], ident)[:6])
+            raise DataError(f"{out} holds another corpus: its {MANIFEST} differs in {why}. Choose another folder "
+                            "(or remove this one)")
+        if manifest is None:
+            manifest = {"format": FORMAT, "version": VERSION, "identity": ident, "key": identity_key(ident),
+                        "dtype": "", "tokenizer": None, "splits": {}}
+            write_manifest(out, manifest)
+        tic = time.perf_counter()
+        toks = _tokenizers(cfg, out, manifest, tokenizers)
+        for split in splits:
+            source = open_source(cfg, split)
+            entry = manifest["splits"].get(split)
+            if entry and entry.get("complete") and entry["inputs"] == source.inputs:
+                continue
+            if entry and entry["inputs"] != source.inputs:  # its files changed: encode them afresh
+                log.info("%s: the %s files changed since they were prepared; encoding them again", out, split)
+                shutil.rmtree(out / split, ignore_errors=True)
+            manifest["splits"][split] = {"inputs": source.inputs, "complete": False}
+            write_manifest(out, manifest)
+            manifest["splits"][split] = _encode_split(cfg, out, source, toks, np.dtype(manifest["dtype"]), progress,
+                                                      workers)
+            write_manifest(out, manifest)
+        manifest["seconds"] = round(manifest.get("seconds", 0.0) + time.perf_counter() - tic, 2)
+        write_manifest(out, manifest)
+    return PreparedCorpus.open(out)
+
+
+def _tokenizers(cfg: DataConfig, out: Path, manifest: dict[str, Any],
+                given: tuple[SubwordTokenizer, SubwordTokenizer] | None) -> tuple[SubwordTokenizer, SubwordTokenizer]:
+    """The folder's tokenizers: already there, the given ones, or trained now on a sample of the training pairs."""
+    if manifest["tokenizer"]:
+        from tformer.data.prepared import load_tokenizers
+
+        return load_tokenizers(out, manifest)
+    info: dict[str, Any] = {}
+    if given is not None:
+        toks = given
+    else:
+        source = open_source(cfg, "train")
+        src, tgt, info = _sample(source, cfg.tokenizer_sample, cfg.seed)
+        tic = time.perf_counter()
+        toks = train_tokenizers(cfg, Corpus(src, tgt, source.origin))
+        info["seconds"] = round(time.perf_counter() - tic, 2)
+        log.info("SentencePiece trained in %.0f s", info["seconds"])
+    joint = toks[0] is toks[1] or toks[0].fingerprint() == toks[1].fingerprint()
+    names = tokenizer_files(joint)
+    for tok, name in zip(toks, names):
+        write_file(out / name, tok.model_bytes)
+    manifest["dtype"] = token_dtype(max(len(t.vocab) for t in toks)).name
+    manifest["tokenizer"] = {"files": list(names), "fingerprints": [t.fingerprint() for t in toks],
+                             "pieces": [len(t.vocab) for t in toks], "sample": info}
+    write_manifest(out, manifest)
+    return toks
+
+
+def _sample(source: Source, size: int, seed: int) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Normalised training pairs for SentencePiece: every pair in order when the split has at most `size`
+    (or `size` is 0), else `size` pairs drawn without replacement by a generator seeded with `seed`, in
+    corpus order."""
+    n = source.count
+    if not size or size >= n:
+        chosen = None
+        log.info("SentencePiece learns from all %s training pairs", f"{n:,}")
+    else:
+        chosen = np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False))
+        log.info("SentencePiece learns from %s of %s training pairs (sampled, seed %d)", f"{size:,}", f"{n:,}", seed)
+    src, tgt = [], []
+    want = iter(chosen.tolist()) if chosen is not None else None
+    nxt = next(want) if want is not None else 0
+    for i, (s, t) in enumerate(source.pairs()):
+        if want is not None:
+            if i != nxt:
+                continue
+            nxt = next(want, -1)
+        src.append(normalize(s))
+        tgt.append(normalize(t))
+        if want is not None and nxt < 0:
+            break
+    return src, tgt, {"pairs": len(src), "of": n, "seed": seed if chosen is not None else None}
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(src_model: bytes, tgt_model: bytes, dtype: str) -> None:
+    src = SubwordTokenizer(src_model)
+    _WORKER.update(src=src, tgt=src if tgt_model == src_model else SubwordTokenizer(tgt_model), dtype=np.dtype(dtype))
+
+
+def _encode_shard(folder: Path, k: int, first: int, pairs: list[tuple[str, str]], limits: tuple[int, float] | None
+                  ) -> dict[str, Any]:
+    """Normalise, encode, filter (`limits`: training) and write shard `k`, whose first raw pair is line `first`."""
+    src_tok, tgt_tok, dtype = _WORKER["src"], _WORKER["tgt"], _WORKER["dtype"]
+    tokens, lengths, texts, empty = [], [], [], []
+    dropped: Counter = Counter()
+    for c in range(0, len(pairs), CHUNK):
+        chunk = pairs[c : c + CHUNK]
+        src_text = [normalize(s) for s, _ in chunk]
+        tgt_text = [normalize(t) for _, t in chunk]
+        src_ids, tgt_ids = src_tok.encode_batch(src_text), tgt_tok.encode_batch(tgt_text)
+        if limits is not None:
+            keep, report = filter_pairs([len(s) for s in src_ids], [len(t) for t in tgt_ids], *limits)
+            dropped.update(report.dropped)
+        else:
+            keep = range(len(chunk))
+            empty.extend(first + c + i for i in keep if not src_text[i] or not tgt_text[i])
+        tokens.append(np.fromiter(chain.from_iterable(chain(src_ids[i], tgt_ids[i]) for i in keep), dtype=dtype))
+        lengths.append(np.array([(len(src_ids[i]), len(tgt_ids[i])) for i in keep], dtype=np.int64).reshape(-1, 2))
+        texts.extend(f"{src_text[i]}\t{tgt_text[i]}" for i in keep)
+    return write_shard(folder, k, np.concatenate(tokens), np.concatenate(lengths), texts,
+                       {"first_line": first, "raw": len(pairs), "dropped": dict(dropped), "empty": empty[:5],
+                        "n_empty": len(empty)})
+
+
+def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[SubwordTokenizer, SubwordTokenizer],
+                  dtype: np.dtype, progress: bool, workers: int | None) -> dict[str, Any]:
+    split, size = source.split, cfg.shard_size
+    folder = out / split
+    folder.mkdir(exist_ok=True)
+    for leftover in folder.glob(".*.tmp-*"):  # an interrupted write: never counted, removed now
+        leftover.unlink(missing_ok=True)
+    n_shards = -(-source.count // size)
+    receipts: dict[int, dict[str, Any]] = {}
+    for k in range(n_shards):
+        r = read_receipt(folder, k)
+        if r is not None and r.get("first_line") == k * size + 1 and r.get("raw") == min(size, source.count - k * size):
+            receipts[k] = r
+    if receipts:
+        log.info("%s: %d of %d %s shards already prepared; encoding the rest", out, len(receipts), n_shards, split)
+    limits = (cfg.filter_max_len, cfg.filter_max_ratio) if split == "train" else None
+    workers = workers or cfg.workers or os.cpu_count() or 1
+    workers = max(1, min(workers, n_shards - len(receipts)))
+    bar = tqdm(total=source.count, initial=sum(r["raw"] for r in receipts.values()), unit="pair", unit_scale=True,
+               desc=f"encoding {split}", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+    tic = time.perf_counter()
+    chunks = ((k, list(islice(pairs, size))) for pairs in [source.pairs()] for k in range(n_shards))
+    with bar, _pool(workers, toks, dtype) as submit:
+        pending: dict[cf.Future, int] = {}
+        for k, chunk in chunks:
+            if k in receipts:
+                continue
+            pending[submit(_encode_shard, folder, k, k * size + 1, chunk, limits)] = k
+            while len(pending) > workers:  # a bounded number of shards in memory at once
+                _collect(pending, receipts, bar, cf.FIRST_COMPLETED)
+        while pending:
+            _collect(pending, receipts, bar, cf.ALL_COMPLETED)
+    ordered = [receipts[k] for k in range(n_shards)]
+    dropped = Counter()
+    for r in ordered:
+        dropped.update(r["dropped"])
+    kept = sum(r["pairs"] for r in ordered)
+    if split == "train":
+        report = FilterReport(kept, dropped)
+        log.info("%s: %s", source.origin, report)
+        if not kept:
+            raise DataError(f"{source.origin}: every training pair was filtered out ({report}); check the files or "
+                            "raise data.filter_max_len / data.filter_max_ratio")
+    else:
+        n_empty = sum(r["n_empty"] for r in ordered)
+        if n_empty:
+            lines = [n for r in ordered for n in r["empty"]][:5]
+            log.warning("%s: %d %s pair(s) with an empty side (line %s); they are kept and score as written",
+                        source.origin, n_empty, split, ", ".join(map(str, lines)) + (" ..." if n_empty > 5 else ""))
+    seconds = time.perf_counter() - tic
+    log.info("%s: %s pairs encoded into %d shard(s) in %.0f s", split, f"{kept:,}", n_shards, seconds)
+    return {"inputs": source.inputs, "complete": True, "raw_pairs": source.count, "pairs": kept,
+            "tokens": sum(r["tokens"] for r in ordered), "shards": n_shards, "dropped": dict(dropped),
+            "seconds": round(seconds, 2)}
+
+
+def _collect(pending: dict[cf.Future, int], receipts: dict[int, dict[str, Any]], bar: tqdm, when: str) -> None:
+    done, _ = cf.wait(pending, return_when=when)
+    for fut in done:
+        k = pending.pop(fut)
+        receipts[k] = fut.result()  # a worker's DataError (a full disk, an over-long sentence) surfaces here
+        bar.update(receipts[k]["raw"])
+
+
+@contextlib.contextmanager
+def _pool(workers: int, toks: tuple[SubwordTokenizer, SubwordTokenizer], dtype: np.dtype):
+    """`submit(fn, *args)` running in `workers` processes (forked: they start at once), or here for one."""
+    initargs = (toks[0].model_bytes, toks[1].model_bytes, dtype.name)
+    if workers == 1:
+        _init_worker(*initargs)
+
+        def submit(fn, *args):
+            fut: cf.Future = cf.Future()
+            try:
+                fut.set_result(fn(*args))
+            except Exception as e:  # noqa: BLE001 - handed to the caller through the future, as a pool does
+                fut.set_exception(e)
+            return fut
+
+        yield submit
+        return
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=initargs)
+    try:
+        yield pool.submit
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+# ------------------------------------------------------------------------------------------ finding one
+
+
+def prepared_corpus(cfg: DataConfig, splits: Iterable[str],
+                    tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None = None,
+                    progress: bool = False) -> PreparedCorpus:
+    """The prepared corpus for `splits`: `data.prepared` when set (checked against `tokenizers`), else the
+    cache's, prepared now where anything is missing. A checkpoint's `tokenizers` reuse the corpus its run was
+    trained on when the training split is asked for; otherwise they get a corpus of their own."""
+    splits = list(splits)
+    if cfg.prepared:
+        corpus = PreparedCorpus.open(cfg.prepared)
+        if tokenizers is not None and [t.fingerprint() for t in tokenizers] != corpus.manifest["tokenizer"]["fingerprints"]:
+            raise DataError(f"data.prepared={cfg.prepared} was encoded with another tokenizer than the checkpoint's; "
+                            "point data.prepared at the corpus the run was trained on (or leave it empty)")
+        for split in splits:
+            corpus._entry(split)
+        return corpus
+    root = cache_dir() / "prepared"
+    if tokenizers is not None and "train" in splits:
+        ident = identity(cfg)
+        folder = root / identity_key(ident)
+        try:
+            manifest = read_manifest(folder)
+        except DataError:
+            manifest = None
+        if manifest and (manifest.get("tokenizer") or {}).get("fingerprints") == [t.fingerprint() for t in tokenizers]:
+            return _prepare_cached(cfg, folder, splits, None, progress)
+    ident = identity(cfg, tokenizers)
+    return _prepare_cached(cfg, root / identity_key(ident), splits, tokenizers, progress)
+
+
+def _prepare_cached(cfg: DataConfig, folder: Path, splits: list[str],
+                    tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None, progress: bool) -> PreparedCorpus:
+    try:
+        manifest = read_manifest(folder)
+        if manifest and all((manifest["splits"].get(s) or {}).get("complete") for s in splits):
+            corpus = PreparedCorpus.open(folder)
+            if all(corpus.manifest["splits"][s]["inputs"] == open_source(cfg, s).inputs for s in splits):
+                for s in splits:
+                    corpus.examples(s)  # every shard there and of its size
+                log.info("prepared corpus: %s", folder)
+                return corpus
+    except DataError as e:  # a damaged cache entry is rebuilt, not trusted
+        log.warning("rebuilding the damaged cache entry %s (%s)", folder, e)
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        folder = Path(tempfile.mkdtemp(prefix="tformer-prepared-"))
+        atexit.register(shutil.rmtree, folder, True)
+        log.warning("could not prepare the corpus in the cache %s (%s); preparing it in %s for this process only "
+                    "(set TFORMER_CACHE to a writable folder, or use tformer prepare and data.prepared, to keep it)",
+                    cache_dir(), e.strerror or e, folder)
+    return prepare(cfg, folder, splits, tokenizers, progress)

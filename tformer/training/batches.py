@@ -1,0 +1,79 @@
+"""Training batches: planned once from the examples' lengths, collated ahead of the model on a thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Iterator, Sequence
+
+from tformer.config import Config
+from tformer.data import Batch, Example, Vocab, collate, model_lengths
+from tformer.data.batching import BatchPlan
+from tformer.training.distributed import Context
+
+
+class Batches:
+    """The training batches: planned once from the examples' lengths (`BatchPlan`), each epoch's order a
+    function of (seed, epoch); an update is `accum_steps x world` consecutive batches, of which this process
+    takes every world-th. Collation runs ahead on a thread, so the model never waits for it; examples read
+    from mapped files hand their pages back now and then."""
+
+    RELEASE_EVERY = 256  # updates between handing mapped pages back
+
+    def __init__(self, examples: Sequence[Example], cfg: Config, ctx: Context) -> None:
+        t = cfg.train
+        self.examples, self.seed, self.ctx = examples, t.seed, ctx
+        self.plan = BatchPlan(*model_lengths(examples, cfg.model.frame_skip), t.max_tokens, t.max_sentences)
+        self.group = t.accum_steps * ctx.world
+        self.per_epoch = -(-len(self.plan) // self.group)
+
+    def updates(self, epoch: int, start: int) -> Iterator[list[Batch]]:
+        """This process's batches of each update of `epoch`, from update `start` on, collated."""
+        batches = self.plan.epoch(self.seed, epoch)
+        release = getattr(self.examples, "release", None)
+        for u in range(start, self.per_epoch):
+            mine = batches[u * self.group : (u + 1) * self.group][self.ctx.rank :: self.ctx.world]
+            yield [collate([self.examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos) for idx in mine]
+            if release is not None and u % self.RELEASE_EVERY == self.RELEASE_EVERY - 1:
+                release()
+
+
+def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """`items`, produced up to `depth` ahead on a thread; its exceptions re-raised here. Closing the
+    generator stops the thread."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        """Hand `entry` over unless the consumer has stopped (then False)."""
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fill() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((True, done))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            put((False, e))
+
+    thread = threading.Thread(target=fill, name="tformer-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, item = q.get()
+            if not ok:
+                raise item
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
