@@ -199,3 +199,27 @@ def test_fp16_scaler_skips_overflowing_updates_and_resumes_with_its_scale(tmp_pa
     train(_with(cfg, max_steps=4), tmp_path / "run", resume=True)
     again = load_checkpoint(tmp_path / "run", which="latest")
     assert again.trainer["step"] == 4 and again.trainer["grad_scaler"]["scale"] == 2.0**56
+
+
+def test_teacher_forced_scores_in_row_chunks_equal_the_whole_logits(monkeypatch):
+    """Evaluation builds the logits of a few positions at a time (memory: a 32k vocabulary's logits of a whole
+    batch are hundreds of MiB); the sums equal label_smoothed_nll_loss and token_accuracy on whole logits."""
+    from tformer import evaluation
+    from tformer.metrics import token_accuracy
+    from tformer.training.loss import label_smoothed_nll_loss
+
+    cfg = tiny_config()
+    model = build_model(cfg.model, 12, 12).eval()
+    ex = [([4, 5, 6], [4, 5, 6, 7]), ([7, 8], [7, 8]), ([9, 10, 11, 4], [9, 10, 11, 4, 5]), ([5], [5])]
+    b = collate(ex, range(4), Vocab.pad, Vocab.bos, Vocab.eos)
+    with torch.no_grad():
+        logits = model.generator(model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).real())
+    target = b.tgt_out[b.tgt_out != Vocab.pad]
+    whole = label_smoothed_nll_loss(logits, target, cfg.train.label_smoothing, Vocab.pad)
+    correct = token_accuracy(logits, target, Vocab.pad)[0]
+    monkeypatch.setattr(evaluation, "EVAL_LOGITS", 12 * 3)  # 3 positions at a time
+    got = evaluation.teacher_forced(model, ex, cfg)
+    n = len(target)
+    assert got["loss"] == pytest.approx(float(whole.loss) / n, rel=1e-5)
+    assert got["nll"] == pytest.approx(float(whole.nll) / n, rel=1e-5)
+    assert got["token_acc"] == correct / n

@@ -11,9 +11,11 @@ from tformer.data.speech import error_rates
 from tformer.data import Example, Tokenizer, Vocab, collate, model_lengths, token_budget_batches
 from tformer.errors import ConfigError, DataError
 from tformer.inference import translate_ids
-from tformer.metrics import exact_match, token_accuracy, translation_scores
+from tformer.metrics import exact_match, translation_scores
 from tformer.model import Transformer
-from tformer.training.loss import label_smoothed_nll_loss
+from tformer.training.loss import generator_loss
+
+EVAL_LOGITS = 1 << 24  # floats of logits built at once when scoring (64 MiB; a 32k vocabulary: 512 positions)
 
 
 @torch.inference_mode()
@@ -29,12 +31,13 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
     for idx in batches:
         b = collate([examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos).to(device)
         hidden = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).real()  # (N, D)
-        real = b.tgt_out != Vocab.pad  # (B, T)
-        logits = model.generator(hidden)  # (N, V)
-        target = b.tgt_out[real]  # (N,)
-        out = label_smoothed_nll_loss(logits, target, cfg.train.label_smoothing, Vocab.pad)
-        loss, nll, total = loss + float(out.loss), nll + float(out.nll), total + float(out.n_tokens)
-        correct += token_accuracy(logits, target, Vocab.pad)[0]
+        target = b.tgt_out[b.tgt_out != Vocab.pad]  # (N,)
+        rows = max(1, EVAL_LOGITS // model.generator.weight.shape[0])  # the logits of this many positions at once
+        for r in range(0, len(target), rows):
+            out = generator_loss(hidden[r : r + rows], model.generator, target[r : r + rows],
+                                 cfg.train.label_smoothing, Vocab.pad)
+            loss, nll, total = loss + float(out.loss), nll + float(out.nll), total + float(out.n_tokens)
+            correct += out.correct
     model.train(was_training)
     return {"loss": loss / total, "nll": nll / total, "ppl": math.exp(min(nll / total, 50.0)),
             "token_acc": correct / total}

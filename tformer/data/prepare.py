@@ -50,11 +50,21 @@ from tformer.errors import DataError
 log = logging.getLogger("tformer")
 
 SPLITS = ("train", "valid", "test")
+_SEEN: dict[tuple[str, str, int, int], Any] = {}  # (what, path, size, mtime) -> line count or SHA-256
 CHUNK = 4096  # pairs encoded at once inside a shard: bounds a worker's Python objects
 
 
 def count_lines(path: Path) -> int:
-    """Lines of a text file (plain or gzip), as `iter_lines` yields them, by scanning bytes."""
+    """Lines of a text file (plain or gzip), as `iter_lines` yields them, by scanning bytes (once per process
+    while the file is unchanged)."""
+    st = path.stat()
+    key = ("lines", str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SEEN:
+        _SEEN[key] = _scan_lines(path)
+    return _SEEN[key]
+
+
+def _scan_lines(path: Path) -> int:
     n, last = 0, b"\n"
     with _open(path) as f:
         gzipped = f.read(2) == b"\x1f\x8b"
@@ -84,15 +94,12 @@ class Source:
     pairs: Callable[[], Iterator[tuple[str, str]]]
 
 
-_HASHED: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> SHA-256: each file hashed once per process
-
-
 def file_info(path: Path) -> dict[str, Any]:
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASHED:
-        _HASHED[key] = sha256_file(path)
-    return {"name": path.name, "bytes": st.st_size, "sha256": _HASHED[key]}
+    key = ("sha256", str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SEEN:
+        _SEEN[key] = sha256_file(path)
+    return {"name": path.name, "bytes": st.st_size, "sha256": _SEEN[key]}
 
 
 def open_source(cfg: DataConfig, split: str) -> Source:
