@@ -44,8 +44,8 @@ class BatchPlan:
 
     def __init__(self, src_lens: Sequence[int] | np.ndarray, tgt_lens: Sequence[int] | np.ndarray, max_tokens: int,
                  max_sentences: int = 0) -> None:
-        src = np.asarray(src_lens, dtype=np.int64)
-        tgt = np.asarray(tgt_lens, dtype=np.int64)
+        src = np.asarray(src_lens, dtype=np.int32)  # int32 throughout: a few bytes per example, also transiently
+        tgt = np.asarray(tgt_lens, dtype=np.int32)
         size = np.maximum(src, tgt)
         over = np.flatnonzero(size > max_tokens)
         if over.size:
@@ -55,9 +55,11 @@ class BatchPlan:
                 "raise train.max_tokens or drop over-long examples"
             )
         self.order = np.lexsort((tgt, src)).astype(np.int32 if len(src) < 2**31 else np.int64)  # stable
-        key_sorted = src[self.order] * (int(tgt.max(initial=0)) + 1) + tgt[self.order]
-        self.buckets = np.flatnonzero(np.diff(key_sorted)) + 1  # starts of equal-(S, T) runs, the first excepted
-        self.bounds = _pack(size[self.order], max_tokens, max_sentences)  # batch ends in `order`
+        src, tgt, size = src[self.order], tgt[self.order], size[self.order]  # in that order from here on
+        changes = (src[1:] != src[:-1]) | (tgt[1:] != tgt[:-1])
+        self.buckets = np.flatnonzero(changes) + 1  # starts of equal-(S, T) runs, the first excepted
+        del src, tgt, changes
+        self.bounds = _pack(size, max_tokens, max_sentences)  # batch ends in `order`
 
     def __len__(self) -> int:
         return len(self.bounds)
