@@ -288,6 +288,16 @@ def test_training_on_a_prepared_corpus_killed_and_resumed_equals_a_straight_run(
         return [(x["step"], x["loss"]) for x in map(json.loads, (r / "metrics.jsonl").open()) if x["kind"] == "train"]
 
     assert losses(run) == losses(tmp_path / "straight") and len(losses(run)) == 12
+    # the prepared folder moved: evaluation says where it looked, and takes the new place
+    prepared.rename(tmp_path / "moved")
+    cmd = [sys.executable, "-m", "tformer", "evaluate", "--checkpoint", str(run), "--split", "valid",
+           "decode.max_len_a=0", "decode.max_len_b=2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"{prepared} holds no prepared corpus" in r.stderr, r.stderr
+    r = subprocess.run(cmd + [f"data.prepared={tmp_path / 'moved'}"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "sacreBLEU" in r.stdout, r.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------------------ batch planning

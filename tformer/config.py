@@ -313,8 +313,9 @@ class Config:
         return yaml.safe_dump(to_dict(self), sort_keys=False)
 
 
-# Settings that may change after training: `translate` and `evaluate` accept overrides for these alone.
-INFERENCE_KEYS = ("decode.", "model.attention")
+# Settings that may change after training: `translate` and `evaluate` accept overrides for these alone. Where
+# the corpus lives may change too (a moved folder); a prepared corpus is checked against the checkpoint's tokenizer.
+INFERENCE_KEYS = ("decode.", "model.attention", "data.dir", "data.prepared")
 
 
 # --------------------------------------------------------------------------- loading and checking
@@ -460,7 +461,8 @@ def check_inference_overrides(overrides: list[str]) -> None:
         key = ".".join(parse_override(text)[0])
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in INFERENCE_KEYS):
             raise ConfigError(
-                f"config key '{key}' cannot change after training; only decode.* and model.attention can"
+                f"config key '{key}' cannot change after training; only decode.*, model.attention, data.dir and "
+                "data.prepared can"
             )
 
 

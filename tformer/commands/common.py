@@ -7,7 +7,8 @@ import argparse
 import sys
 
 CHECKPOINT_HELP = "run folder (uses its best checkpoint) or checkpoint folder"
-INFERENCE_OVERRIDES = "settings that may change after training: decode.* and model.attention"
+INFERENCE_OVERRIDES = ("settings that may change after training: decode.*, model.attention, and where the corpus is "
+                       "(data.dir, data.prepared)")
 
 
 def overrides(sp: argparse.ArgumentParser, help: str) -> None:
