@@ -1,4 +1,6 @@
+import collections
 import gzip
+import math
 import os
 from pathlib import Path
 
@@ -53,3 +55,20 @@ def small_multi30k(shared: Path, out: Path, n_train: int = 3000, n_eval: int = 2
             with gzip.open(out / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
                 f.writelines(lines)
     return out
+
+
+def bleu_by_definition(hyps, refs):
+    """Corpus BLEU-4 from its definition (Papineni et al., 2002) on whitespace tokens, one reference."""
+    match, total = [0] * 4, [0] * 4
+    hyp_len = ref_len = 0
+    for h, r in zip(hyps, refs):
+        h, r = h.split(), r.split()
+        hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
+        for n in range(1, 5):
+            hc = collections.Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
+            rc = collections.Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
+            match[n - 1] += sum(min(c, rc[g]) for g, c in hc.items())
+            total[n - 1] += max(len(h) - n + 1, 0)
+    logp = sum(math.log(m / t) for m, t in zip(match, total)) / 4
+    bp = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
+    return 100 * bp * math.exp(logp)

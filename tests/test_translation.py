@@ -2,18 +2,16 @@
 BLEU/chrF/tokenized BLEU against an independent BLEU, and train -> evaluate ->
 translate -> average through the command line."""
 
-import collections
 import dataclasses
 import gzip
 import json
 import logging
-import math
 import subprocess
 import sys
 
 import pytest
 
-from conftest import small_multi30k
+from conftest import bleu_by_definition, small_multi30k
 from tformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from tformer.data import load_task
 from tformer.metrics import moses_tokenize, translation_scores
@@ -74,29 +72,12 @@ def test_training_pairs_are_filtered_with_reasons(corpus, caplog):
 # --------------------------------------------------------------------------- metrics
 
 
-def _bleu(hyps, refs):
-    """Corpus BLEU-4 from its definition (Papineni et al., 2002) on whitespace tokens, one reference."""
-    match, total = [0] * 4, [0] * 4
-    hyp_len = ref_len = 0
-    for h, r in zip(hyps, refs):
-        h, r = h.split(), r.split()
-        hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
-        for n in range(1, 5):
-            hc = collections.Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
-            rc = collections.Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
-            match[n - 1] += sum(min(c, rc[g]) for g, c in hc.items())
-            total[n - 1] += max(len(h) - n + 1, 0)
-    logp = sum(math.log(m / t) for m, t in zip(match, total)) / 4
-    bp = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
-    return 100 * bp * math.exp(logp)
-
-
 def test_tokenized_bleu_equals_bleu_by_definition(shared_data):
     with gzip.open(shared_data / "multi30k" / "test2016.de.gz", "rt", encoding="utf-8") as f:
         refs = [line.rstrip("\n") for line in f][:200]
     hyps = [" ".join(r.split()[:-2] + ["Hund", "."]) if i % 3 else r for i, r in enumerate(refs)]  # damage 2/3
     s = translation_scores(hyps, refs, "de")
-    oracle = _bleu(moses_tokenize(hyps, "de"), moses_tokenize(refs, "de"))
+    oracle = bleu_by_definition(moses_tokenize(hyps, "de"), moses_tokenize(refs, "de"))
     assert s.tok_bleu == pytest.approx(oracle, abs=1e-6)
     assert 20 < s.bleu < 100 and 20 < s.chrf < 100
     assert "case:mixed" in s.bleu_signature and "tok:13a" in s.bleu_signature and "nc:6|nw:0" in s.chrf_signature

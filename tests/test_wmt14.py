@@ -1,14 +1,12 @@
 """WMT14 en-de: the download (small synthetic archives with the upstream member names, served from a loopback
 HTTP server, the checksum table injected) and compound-split tokenized BLEU. No test reaches the internet."""
 
-import collections
 import functools
 import gzip
 import hashlib
 import http.server
 import io
 import json
-import math
 import shutil
 import subprocess
 import tarfile
@@ -16,6 +14,7 @@ import threading
 
 import pytest
 
+from conftest import bleu_by_definition
 from tformer.cli import main
 from tformer.data import download
 from tformer.data.download import (WMT14_ARCHIVES, WMT14_LAYOUT, Archive, download_wmt14, sgml_segments,
@@ -367,23 +366,6 @@ def test_split_compounds_agrees_with_perl(shared_data):
     assert sum("##AT##" in line for line in got) > 20  # the real text did exercise it
 
 
-def _bleu(hyps, refs):
-    """Corpus BLEU-4 from its definition (Papineni et al., 2002) on whitespace tokens, one reference."""
-    match, total = [0] * 4, [0] * 4
-    hyp_len = ref_len = 0
-    for h, r in zip(hyps, refs):
-        h, r = h.split(), r.split()
-        hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
-        for n in range(1, 5):
-            hc = collections.Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
-            rc = collections.Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
-            match[n - 1] += sum(min(c, rc[g]) for g, c in hc.items())
-            total[n - 1] += max(len(h) - n + 1, 0)
-    logp = sum(math.log(m / t) for m, t in zip(match, total)) / 4
-    bp = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
-    return 100 * bp * math.exp(logp)
-
-
 def test_compound_split_bleu_only_when_asked():
     refs = ["Die Kraft-Wärme-Kopplung ist eine alte Idee , sagte der US-Präsident am Montag .",
             "Das Wachstum der Euro-Zone bleibt schwach , und die E-Mail kam spät an ."]
@@ -393,7 +375,7 @@ def test_compound_split_bleu_only_when_asked():
     assert plain.tok_bleu_compound is None and "tok_bleu_compound" not in plain.as_dict()
     s = translation_scores(hyps, refs, "de", compound_split=True)
     split = lambda lines: [split_compounds(x) for x in moses_tokenize(lines, "de")]  # noqa: E731
-    assert s.tok_bleu_compound == pytest.approx(_bleu(split(hyps), split(refs)), abs=1e-6)
+    assert s.tok_bleu_compound == pytest.approx(bleu_by_definition(split(hyps), split(refs)), abs=1e-6)
     assert s.tok_bleu_compound > s.tok_bleu  # half-right compounds earn partial credit once split
     assert (s.bleu, s.chrf, s.tok_bleu) == (plain.bleu, plain.chrf, plain.tok_bleu)  # the others unchanged
     assert s.as_dict()["tok_bleu_compound"] == s.tok_bleu_compound
