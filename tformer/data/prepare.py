@@ -328,7 +328,8 @@ def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Subwor
     bar = tqdm(total=source.count, initial=sum(r["raw"] for r in receipts.values()), unit="pair", unit_scale=True,
                desc=f"encoding {split}", disable=not progress, dynamic_ncols=True, smoothing=0.1)
     tic = time.perf_counter()
-    chunks = ((k, list(islice(pairs, size))) for pairs in [source.pairs()] for k in range(n_shards))
+    pairs = source.pairs()
+    chunks = ((k, list(islice(pairs, size))) for k in range(n_shards))  # shard k: the next `size` raw pairs
     with bar, _pool(workers, toks, dtype) as submit:
         pending: dict[cf.Future, int] = {}
         for k, chunk in chunks:
@@ -414,7 +415,7 @@ def prepared_corpus(cfg: DataConfig, splits: Iterable[str],
             raise DataError(f"data.prepared={cfg.prepared} was encoded with another tokenizer than the checkpoint's; "
                             "point data.prepared at the corpus the run was trained on (or leave it empty)")
         for split in splits:
-            corpus._entry(split)
+            corpus.entry(split)
         return corpus
     root = cache_dir() / "prepared"
     if tokenizers is not None and "train" in splits:

@@ -240,7 +240,8 @@ class PreparedCorpus:
     def splits(self) -> list[str]:
         return [s for s, e in self.manifest["splits"].items() if e.get("complete")]
 
-    def _entry(self, split: str) -> dict[str, Any]:
+    def entry(self, split: str) -> dict[str, Any]:
+        """The manifest's record of a complete split (else a DataError saying which splits are complete)."""
         entry = self.manifest["splits"].get(split)
         if not entry or not entry.get("complete"):
             have = ", ".join(self.splits) or "none"
@@ -249,7 +250,7 @@ class PreparedCorpus:
         return entry
 
     def examples(self, split: str) -> ShardedExamples:
-        entry = self._entry(split)
+        entry = self.entry(split)
         folder = self.path / split
         receipts = []
         for k in range(entry["shards"]):
@@ -263,7 +264,7 @@ class PreparedCorpus:
 
     def texts(self, split: str) -> tuple[list[str], list[str]]:
         """The normalised source and target sentences of the split's kept pairs, in order."""
-        entry = self._entry(split)
+        entry = self.entry(split)
         src, tgt = [], []
         for k in range(entry["shards"]):
             path = self.path / split / f"{k:05d}.txt"
