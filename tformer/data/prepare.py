@@ -40,16 +40,16 @@ from tqdm.auto import tqdm
 from tformer.config import DataConfig
 from tformer.data.corpus import (NORMALIZATION, Corpus, FilterReport, _nul_byte, _open, filter_pairs, iter_lines,
                                   normalize)
-from tformer.data.prepared import (FORMAT, MANIFEST, VERSION, PreparedCorpus, read_manifest, read_receipt,
-                                   sha256_file, token_dtype, tokenizer_files, write_file, write_manifest,
-                                   write_shard)
+from tformer.data.prepared import (FORMAT, MANIFEST, VERSION, PreparedCorpus, load_tokenizers, read_manifest,
+                                   read_receipt, sha256_file, token_dtype, tokenizer_files, write_file,
+                                   write_manifest, write_shard)
+from tformer.data.synthetic import SPLITS
 from tformer.data.tokenizer import SubwordTokenizer
 from tformer.data.translation import cache_dir, corpus_files, read_split, train_tokenizers
 from tformer.errors import DataError
 
 log = logging.getLogger("tformer")
 
-SPLITS = ("train", "valid", "test")
 _SEEN: dict[tuple[str, str, int, int], Any] = {}  # (what, path, size, mtime) -> line count or SHA-256
 CHUNK = 4096  # pairs encoded at once inside a shard: bounds a worker's Python objects
 
@@ -224,8 +224,6 @@ def _tokenizers(cfg: DataConfig, out: Path, manifest: dict[str, Any],
                 given: tuple[SubwordTokenizer, SubwordTokenizer] | None) -> tuple[SubwordTokenizer, SubwordTokenizer]:
     """The folder's tokenizers: already there, the given ones, or trained now on a sample of the training pairs."""
     if manifest["tokenizer"]:
-        from tformer.data.prepared import load_tokenizers
-
         return load_tokenizers(out, manifest)
     info: dict[str, Any] = {}
     if given is not None:

@@ -39,7 +39,6 @@ from tformer.files import replace_atomically
 FORMAT = "tformer-prepared"
 VERSION = 1
 MANIFEST = "manifest.json"
-SHARD_FILES = ("tok", "off", "len")  # the .npy files of a shard, besides its .txt
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -54,9 +54,7 @@ def _tsv_splits(path: Path, columns: tuple[int, int], valid_size: int, test_size
 def read_split(cfg: DataConfig, split: str) -> Corpus:
     files = corpus_files(cfg, split)
     if cfg.format == "tsv":
-        path = files[0].resolve()
-        if not path.is_file():
-            raise DataError(f"{files[0]} does not exist; check data.tsv")
+        path = files[0].resolve()  # corpus_files checked that it exists
         corpus = _tsv_splits(path, cfg.tsv_columns, cfg.valid_size, cfg.test_size, cfg.seed,
                              path.stat().st_mtime_ns)[split]
     else:
