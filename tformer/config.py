@@ -252,6 +252,11 @@ class DecodeConfig:
     max_len_a: float = 1.2  # output length limit: a * source_length + b
     max_len_b: int = 10
     batch_size: int = 250  # sentences per decoding batch
+    batch_tokens: int = 0  # > 0: batches of at most this many padded source tokens (sentences x longest) instead
+    beam_finish: Literal["all", "top_k"] = "all"  # beam: keep every finished candidate that could still win
+    # (t5x) and stop when none alive can beat the n-best finished; top_k: </s> only among a step's top K of 2K
+    # candidates (fairseq), plus Hugging Face's early stop
+    quantize: Literal["none", "int8"] = "none"  # int8: dynamic int8 linear layers (CPU; PyTorch quantization)
     beam_size: int = 5
     len_penalty: float = 0.6  # GNMT alpha: score = logprob / ((5 + length) / 6) ** alpha; 0 = plain sum
     min_len: int = 0  # </s> is forbidden before this many tokens
@@ -268,6 +273,8 @@ class DecodeConfig:
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b",
                "max_len_a and max_len_b are both 0: nothing could be generated")
         _check(self.batch_size >= 1, "decode.batch_size", f"must be >= 1, got {self.batch_size}")
+        _check(self.batch_tokens >= 0, "decode.batch_tokens", f"must be >= 0 (0: count sentences), got "
+               f"{self.batch_tokens}")
         for name in ("beam_size", "nbest"):
             _check(getattr(self, name) >= 1, f"decode.{name}", f"must be >= 1, got {getattr(self, name)}")
         for name in ("min_len", "no_repeat_ngram", "top_k"):
