@@ -39,10 +39,12 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------------------------------------ the v1 checkpoint
 
 
+# the beam outputs were written under fairseq's rule for endings, which decode.beam_finish=top_k keeps
 @pytest.mark.parametrize("file, options, cli_options", [
     ("greedy.de", {}, []),
-    ("beam5.de", {"beam": 5}, ["--beam", "5"]),
-    ("beam4_nbest2.de", {"beam": 4, "nbest": 2}, ["--beam", "4", "--nbest", "2"]),
+    ("beam5.de", {"beam": 5, "beam_finish": "top_k"}, ["--beam", "5", "decode.beam_finish=top_k"]),
+    ("beam4_nbest2.de", {"beam": 4, "nbest": 2, "beam_finish": "top_k"},
+     ["--beam", "4", "--nbest", "2", "decode.beam_finish=top_k"]),
     ("sample_seed3_nbest2.de", {"strategy": "sample", "seed": 3, "nbest": 2},
      ["decode.strategy=sample", "decode.seed=3", "--nbest", "2"]),
 ])

@@ -54,9 +54,10 @@ def exhaustive_best(table, max_len, alpha):
     return best
 
 
-def run_beam(table, K, alpha, max_len=6, nbest=1):
+def run_beam(table, K, alpha, max_len=6, nbest=1, finish="all"):
     cache = TensorCache({"sentence": torch.zeros(1)})
-    return beam_search(table_step(table), cache, BOS, EOS, torch.tensor([max_len]), K, alpha, nbest=nbest)
+    return beam_search(table_step(table), cache, BOS, EOS, torch.tensor([max_len]), K, alpha, nbest=nbest,
+                       finish=finish)
 
 
 # Greedy takes 4 (0.55) and then finds nothing better than 0.35; the best path is 5 </s> (0.45 * 0.95).
@@ -113,6 +114,63 @@ def test_wide_beam_equals_exhaustive_search_on_random_tables(seed, alpha):
     assert hyp.scores[0][0] == pytest.approx(oracle[0], abs=1e-5)
 
 
+# An ending at hand at the first step (</s>: 0.4) that a beam of 1 under fairseq's rule never keeps: </s> ranks
+# second of the 2K = 2 candidates, outside the top K = 1; after 4, token 4 always leads (0.3) with </s> behind
+# it (0.2), so that beam follows 4s to the limit: 0.6 * 0.3^5, far below 0.4.
+EARLY_END = {(): {EOS: 0.4, 4: 0.6}, **{(4,) * n: {4: 0.3, EOS: 0.2, 5: 0.25, 6: 0.25} for n in range(1, 6)}}
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_every_finished_candidate_is_kept_and_the_best_ending_returned(K):
+    oracle = exhaustive_best(EARLY_END, 6, 0.0)
+    assert oracle[1] == [] and oracle[0] == pytest.approx(math.log(0.4))  # the ending at the first step
+    got = run_beam(EARLY_END, K=K, alpha=0.0, finish="all")
+    assert got.tokens == [[[]]] and got.scores[0][0] == pytest.approx(math.log(0.4))
+    fairseq = run_beam(EARLY_END, K=K, alpha=0.0, finish="top_k")
+    if K == 1:  # </s> at rank 2 of 2 is outside the top K = 1: the beam goes on through 4 and ends far lower
+        assert fairseq.tokens[0][0][:1] == [4] and fairseq.scores[0][0] < math.log(0.4) - 1
+    else:  # rank 2 of 4 is inside the top K = 2: both rules keep it
+        assert fairseq.tokens == got.tokens
+
+
+def _all_endings_reference(table, K, alpha, max_len):
+    """The "all" rule written plainly, one sentence, no tensors: every step, each live hypothesis's </s>
+    extension is a finished candidate; the K best other extensions go on; stop at the limit or when the best
+    live raw score, divided by the largest penalty it can still end at, cannot beat the best finished."""
+    alive, finished = [(0.0, [])], []
+    for t in range(1, max_len + 1):
+        cands = []
+        for score, toks in alive:
+            for tok, p in table.get(tuple(toks), {EOS: 1.0}).items():
+                cands.append((score + math.log(p), toks, tok))
+        finished += [(s / length_penalty(t, alpha), toks) for s, toks, tok in cands if tok == EOS]
+        alive = sorted(((s, toks + [tok]) for s, toks, tok in cands if tok != EOS), key=lambda c: -c[0])[:K]
+        if t == max_len:
+            finished += [(s / length_penalty(t, alpha), toks) for s, toks in alive]
+            break
+        if not alive or (finished and alive[0][0] / max(length_penalty(t + 1, alpha), length_penalty(max_len, alpha))
+                         <= max(f[0] for f in finished)):
+            break
+    return max(finished, key=lambda f: f[0])
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("K, alpha", [(1, 0.0), (2, 0.0), (2, 1.0), (3, 0.6)])
+def test_the_all_rule_equals_its_plain_reference_and_never_scores_below_fairseqs(seed, K, alpha):
+    g = torch.Generator().manual_seed(100 + seed)
+    table = {}
+    for n in range(5):
+        for prefix in itertools.product([4, 5, 6], repeat=n):
+            p = torch.rand(4, generator=g) ** 3 + 0.01  # peaky: rankings differ between the rules
+            table[prefix] = dict(zip([EOS, 4, 5, 6], (p / p.sum()).tolist()))
+    want = _all_endings_reference(table, K, alpha, 5)
+    got = run_beam(table, K=K, alpha=alpha, max_len=5, finish="all")
+    assert got.scores[0][0] == pytest.approx(want[0], abs=1e-5)
+    assert got.tokens[0][0] == want[1]
+    fairseq = run_beam(table, K=K, alpha=alpha, max_len=5, finish="top_k")
+    assert got.scores[0][0] >= fairseq.scores[0][0] - 1e-6  # the same live beam, more endings kept, exact stop
+
+
 def test_nbest_is_sorted_and_distinct():
     hyp = run_beam(GARDEN, K=4, alpha=0.0, nbest=4)
     scores = hyp.scores[0]
@@ -140,11 +198,18 @@ def _sources(n, seed=5):
 
 
 @torch.no_grad()
-def test_beam_one_equals_greedy():
+def test_beam_one_equals_greedy_under_fairseqs_rule_and_scores_at_least_as_well_under_all():
     model, sources = _model(), _sources(9)
     greedy = translate_ids(model, sources, DecodeConfig(max_len_a=1.5, max_len_b=4))
-    beam = translate_ids(model, sources, DecodeConfig(strategy="beam", beam_size=1, max_len_a=1.5, max_len_b=4))
+    beam = translate_ids(model, sources, DecodeConfig(strategy="beam", beam_size=1, beam_finish="top_k",
+                                                      max_len_a=1.5, max_len_b=4))
     assert beam.tokens == greedy.tokens
+    # every ending kept: a beam of 1 follows greedy's path but may end earlier, where ending scored better
+    every = translate_ids(model, sources, DecodeConfig(strategy="beam", beam_size=1, len_penalty=0.0,
+                                                       max_len_a=1.5, max_len_b=4))
+    for hyps, scores, g, g_score in zip(every.tokens, every.scores, greedy.tokens, greedy.scores):
+        assert g[0][: len(hyps[0])] == hyps[0] and scores[0] >= g_score[0] - 1e-5
+    assert every.tokens != greedy.tokens  # the model is peaky enough that some sentence ends earlier
 
 
 @torch.no_grad()
@@ -158,10 +223,12 @@ def test_beam_is_batch_invariant():
         assert alone.scores[0] == pytest.approx(batched.scores[i], abs=1e-5)
 
 
-def _reference_beam(model, src_ids, K, alpha, max_len):
+def _reference_beam(model, src_ids, K, alpha, max_len, finish):
     """One sentence, no cache: every step re-runs the decoder on each hypothesis' whole prefix. Same rules:
-    the 2K best candidates, </s> in the top K ranks finishes; stop at the length limit or when K have
-    finished and the best live hypothesis (normalised at its length) does not beat the K-th finished."""
+    top_k: the 2K best candidates, </s> in the top K ranks finishes; stop at the length limit or when K have
+    finished and the best live hypothesis (normalised at its length) does not beat the K-th finished. all:
+    every live hypothesis's </s> extension finishes; the K best others go on; stop at the limit or when the
+    best live raw score over the largest penalty still reachable does not beat the best finished."""
     src = torch.tensor([src_ids + [EOS]])
     enc = model.encode(src, torch.tensor([src.shape[1]]))
     alive, finished = [(0.0, [])], []
@@ -174,30 +241,35 @@ def _reference_beam(model, src_ids, K, alpha, max_len):
             logp[[Vocab.pad, BOS]] = float("-inf")  # never generated
             cands += [(score + float(logp[v]), k, v) for v in range(logp.shape[0])]
         cands.sort(key=lambda c: (-c[0], c[1], c[2]))  # ties: lower beam, lower token (as topk on K*V)
-        top = cands[: 2 * K]
+        top = cands[: 2 * K] if finish == "top_k" else cands
         for rank, (s, k, v) in enumerate(top):
-            if v == EOS and rank < K:
+            if v == EOS and (rank < K or finish == "all"):
                 finished.append((s / length_penalty(t, alpha), alive[k][1]))
         alive = [(s, alive[k][1] + [v]) for s, k, v in top if v != EOS][:K]
         if t == max_len:
             finished += [(s / length_penalty(t, alpha), toks) for s, toks in alive]
-        if t == max_len:
             break
-        kth = sorted(h[0] for h in finished)[-K] if len(finished) >= K else None
-        if kth is not None and alive[0][0] / length_penalty(t, alpha) <= kth:
+        if finish == "top_k":
+            kth = sorted(h[0] for h in finished)[-K] if len(finished) >= K else None
+            if kth is not None and alive[0][0] / length_penalty(t, alpha) <= kth:
+                break
+        elif alive[0][0] / max(length_penalty(t + 1, alpha), length_penalty(max_len, alpha)) <= max(
+                (h[0] for h in finished), default=float("-inf")):
             break
     finished.sort(key=lambda h: -h[0])
     return finished[0]
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("K, alpha", [(3, 0.6), (5, 0.0)])
-def test_cached_batched_beam_equals_uncached_reference(K, alpha):
-    model, sources = _model(), _sources(5, seed=11)
-    cfg = DecodeConfig(strategy="beam", beam_size=K, len_penalty=alpha, max_len_a=1.0, max_len_b=3)
+@pytest.mark.parametrize("finish", ["all", "top_k"])
+@pytest.mark.parametrize("K, alpha", [(3, 0.6), (5, 0.0), (2, 0.0)])
+def test_cached_batched_beam_equals_uncached_reference(K, alpha, finish):
+    model, sources = _model(), _sources(6, seed=11)
+    cfg = DecodeConfig(strategy="beam", beam_size=K, len_penalty=alpha, max_len_a=1.0, max_len_b=3,
+                       beam_finish=finish)
     got = translate_ids(model, sources, cfg)
     for i, s in enumerate(sources):
-        score, toks = _reference_beam(model, s, K, alpha, len(s) + 3)
+        score, toks = _reference_beam(model, s, K, alpha, len(s) + 3, finish)
         assert got.tokens[i][0] == toks
         assert got.scores[i][0] == pytest.approx(score, abs=1e-4)
 

@@ -34,8 +34,9 @@ def test_exported_model_translates_like_tformer(tmp_path, model):
     data = load_task(ckpt.cfg.data, ("valid",), tokenizers=ckpt.tokenizers)
     sources = data.texts["valid"][0]
     for beam in (1, 4):
+        # CTranslate2 keeps an ending only within the step's top K, as fairseq: beam_finish=top_k
         decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
-                              max_len_a=0.0, max_len_b=30)
+                              max_len_a=0.0, max_len_b=30, beam_finish="top_k")
         ours = [ckpt.tokenizers[1].decode(h[0]) for h in translate_ids(m, [s for s, _ in data.examples["valid"]],
                                                                        decode).tokens]
         theirs = translate_ctranslate2(out, translator, sources, beam=beam, len_penalty=0.0, max_len=30)

@@ -13,6 +13,7 @@ refused with the reason. Translating with the export: `translate_ctranslate2`.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -230,7 +231,7 @@ class OnnxEncoder(torch.nn.Module):
         from tformer.data.vocab import Vocab
 
         enc = self.model.encode(src, src_lengths)
-        cache = self.model.init_cache(enc)
+        cache = dataclasses.replace(self.model.init_cache(enc), preallocated=False)  # traced: plain tensors
         bos = torch.full((src.shape[0],), Vocab.bos, dtype=torch.long, device=src.device)
         logits, cache = self.model.decode_step(bos, cache)
         return (torch.log_softmax(logits, -1), cache.src_mask, torch.stack([k for k, _ in cache.cross]),

@@ -11,20 +11,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.attention.kvbuffer import KVBuffer
 from tformer.attention.registry import get_kernel
 
 
 class AttentionOutput(NamedTuple):
     out: Tensor  # (B, T, D)
     weights: Tensor | None  # (B, H, T, S) when asked for
-    kv: tuple[Tensor, Tensor]  # keys and values used, (B, H, S, Dh) each: what a cache keeps
+    kv: tuple[Tensor, Tensor] | KVBuffer  # keys and values used, (B, H, S, Dh) each, or the buffer holding them
 
 
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads.
 
     The query/key/value projections live in one (3D, D) matrix, rows in that order, the layout of
-    `torch.nn.MultiheadAttention.in_proj_weight`: self-attention projects with one matrix multiply.
+    `torch.nn.MultiheadAttention.in_proj_weight`: self-attention projects with one matrix multiply. They are
+    used whole (q, k, v), or in parts (q; k, v) for cross-attention: `project` names the part. After
+    `quantize_int8` (inference on a CPU) each part is its own dynamic int8 layer and in_proj is gone.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, kernel: str = "sdpa",
@@ -37,6 +40,7 @@ class MultiHeadAttention(nn.Module):
         self.scale = scale  # of q . k; None = 1 / sqrt(Dh) (TUPE: 1 / sqrt(2 Dh))
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.int8: nn.ModuleDict | None = None  # the parts as dynamic int8 layers (quantize_int8)
         self.set_kernel(kernel)
 
     def set_kernel(self, name: str) -> None:
@@ -46,10 +50,42 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
 
+    def _rows(self, part: str) -> slice:
+        D = self.d_model
+        return {"qkv": slice(0, 3 * D), "q": slice(0, D), "kv": slice(D, 3 * D)}[part]
+
+    def project(self, x: Tensor, part: str) -> Tensor:
+        """x (B, L, D) through the in-projection's rows for `part`: "qkv" (B, L, 3D), "q" (B, L, D) or "kv"
+        (B, L, 2D)."""
+        if self.int8 is not None:
+            return self.int8[part](x)
+        if part == "qkv":
+            return self.in_proj(x)
+        rows = self._rows(part)
+        return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
+
+    def quantize_int8(self) -> None:
+        """Replace the in-projection by one dynamic int8 layer per part (PyTorch's quantization: int8 weights
+        per tensor, activations quantized on the fly), for inference on a CPU. The out-projection is an
+        nn.Linear, which `torch.ao.quantization.quantize_dynamic` converts as any other."""
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+        from torch.ao.quantization import default_dynamic_qconfig
+
+        parts = {}
+        for part in ("qkv", "q", "kv"):
+            rows = self._rows(part)
+            dense = nn.Linear(self.d_model, rows.stop - rows.start)
+            with torch.no_grad():
+                dense.weight.copy_(self.in_proj.weight[rows])
+                dense.bias.copy_(self.in_proj.bias[rows])
+            dense.qconfig = default_dynamic_qconfig
+            parts[part] = DynamicInt8Linear.from_float(dense)
+        self.int8 = nn.ModuleDict(parts)
+        del self.in_proj
+
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of `memory` (B, S, D): computed once per sentence for cross-attention."""
-        w, b = self.in_proj.weight[self.d_model :], self.in_proj.bias[self.d_model :]
-        k, v = F.linear(memory, w, b).chunk(2, dim=-1)  # (B, S, D) each
+        k, v = self.project(memory, "kv").chunk(2, dim=-1)  # (B, S, D) each
         return self._split(k), self._split(v)  # (B, H, S, Dh) each
 
     def forward(
@@ -58,29 +94,31 @@ class MultiHeadAttention(nn.Module):
         memory: Tensor | None = None,
         mask: Tensor | None = None,
         bias: Tensor | None = None,
-        past: tuple[Tensor, Tensor] | None = None,
+        past: tuple[Tensor, Tensor] | KVBuffer | None = None,
         static_kv: tuple[Tensor, Tensor] | None = None,
         need_weights: bool = False,
     ) -> AttentionOutput:
         """Self-attention when `memory` and `static_kv` are None; cross-attention otherwise.
 
         query (B, T, D); memory (B, S, D); past: cached self-attention (k, v) of earlier positions, to
-        which this call's keys and values are appended; static_kv: keys and values given whole (k, v), from
+        which this call's keys and values are appended (a KVBuffer: in place, T = 1); static_kv: keys and values given whole (k, v), from
         `project_kv`. mask / bias: see tformer.attention.kernels.
         """
         D = self.d_model
         if memory is None and static_kv is None:
-            q, k, v = self.in_proj(query).chunk(3, dim=-1)  # (B, T, D) each
+            q, k, v = self.project(query, "qkv").chunk(3, dim=-1)  # (B, T, D) each
             q, k, v = self._split(q), self._split(k), self._split(v)  # (B, H, T, Dh)
-            if past is not None:
+            if isinstance(past, KVBuffer):
+                k, v = past.append(k, v)  # (B, H, S, Dh), S = past + 1
+            elif past is not None:
                 k = torch.cat([past[0], k], dim=2)  # (B, H, S, Dh), S = past + T
                 v = torch.cat([past[1], v], dim=2)
         else:
-            q = self._split(F.linear(query, self.in_proj.weight[:D], self.in_proj.bias[:D]))  # (B, H, T, Dh)
+            q = self._split(self.project(query, "q"))  # (B, H, T, Dh)
             k, v = static_kv if static_kv is not None else self.project_kv(memory)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
         out, weights = self.kernel(q, k, v, mask=mask, bias=bias, dropout_p=p, scale=self.scale,
                                    need_weights=need_weights)
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        return AttentionOutput(self.out_proj(out), weights, (k, v))
+        return AttentionOutput(self.out_proj(out), weights, past if isinstance(past, KVBuffer) else (k, v))

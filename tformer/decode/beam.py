@@ -1,106 +1,167 @@
 """Beam search, vectorised over sentences x beams.
 
-Every step scores all K x V continuations of a sentence's K hypotheses at once and keeps the 2K best: the
-ones ending in </s> among the top K ranks are set aside as finished, the K best others go on. A sentence is
-done at its length limit, or once it has K finished hypotheses and its best live hypothesis, normalised at
-its current length, no longer beats the K-th best finished one (Hugging Face's rule; fairseq stops at K
-finished, which misses longer outputs that a length penalty prefers). A done sentence leaves the batch, so
-nothing a sentence gets depends on the other sentences it is decoded with. The cache's hypothesis-level entries are
-reordered between steps; the sentence-level entries (encoder keys/values) are never copied per beam.
+Every step extends each of a sentence's K hypotheses by every token and keeps the K best extensions that do
+not end; what ends (a hypothesis followed by </s>) is set aside as finished. Two rules say which endings are
+kept (`finish`):
+
+    all     (t5x) every ending with a finite score is a candidate, whatever its rank: a small beam still
+            returns an ending it had at hand, even when K other extensions scored higher at that step
+    top_k   (fairseq) of the step's 2K best extensions, those ending in </s> within the top K ranks
+
+A sentence is done at its length limit, or once no live hypothesis can still beat its `nbest`-th best
+finished one: scores only fall, so a live raw score s < 0 ends at best at s / lp, lp the largest length penalty
+among the lengths it can still end at (t+1 .. its limit). The rule is exact: stopping never changes the result.
+top_k also stops, as Hugging Face does, once K have finished and the best live hypothesis, normalised at its
+current length, does not beat the K-th (a heuristic when alpha > 0; fairseq stops at K finished, which misses
+longer outputs that a length penalty prefers). A done sentence leaves the batch, so nothing a sentence gets
+depends on the other sentences it is decoded with. The cache's hypothesis-level entries are reordered between
+steps; the sentence-level entries (encoder keys/values) are never copied per beam.
 
 Finished hypotheses are ranked by GNMT's length penalty (Wu et al., 2016): logprob / ((5 + |Y|) / 6) ** alpha,
 |Y| counting the </s>. alpha = 0 ranks by log-probability alone, larger alpha favours longer outputs.
 
-A forced target prefix is one more rule on the step's log-probabilities (`common.force`): while a sentence is
-inside its prefix, every continuation but the prefix token is -inf, the prefix token keeps its log-probability.
+Each step ranks tokens within each hypothesis first (the best K, or 2K, of its V), then across a sentence's
+K hypotheses: the sentence's best candidates are among its hypotheses' best ones. Ranking uses the logits, and
+only the kept candidates are turned into log-probabilities (logit - logsumexp): the order within a row is the
+same, the V-wide log_softmax is never written, and every row is computed by the same arithmetic whether or not
+another sentence of the batch is inside a prefix.
+
+A forced target prefix is one more rule on the step's scores (`common.force`): while a sentence is inside its
+prefix, every continuation but the prefix token is -inf, the prefix token keeps its logit (its log-probability
+once shifted).
 A sentence starts from one hypothesis, so exactly one finite hypothesis follows the prefix and the other K-1 rows
 carry -inf scores: -inf never turns finite, never finishes (only finite candidates are set aside) and ranks below
 every finite candidate, so from the end of the prefix the search goes on exactly as a beam started from that one
 hypothesis. Scores include the prefix tokens (a raw score is still the teacher-forced log-probability) and
 lengths count them. No hypothesis can finish inside the prefix (</s> is -inf there, and the limit is raised
-to the prefix's length), so no stopping rule fires before it ends, and the exact bound (scores only fall)
-holds afterwards as before.
+to the prefix's length), so no stopping rule fires before it ends, and the exact bound holds afterwards.
 """
 
 from __future__ import annotations
+
+import bisect
 
 import torch
 from torch import Tensor
 
 from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table
 
+FINISH_RULES = ("all", "top_k")
+
 
 def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+class Finished:
+    """Each sentence's best finished hypotheses, at most `keep` of them, best first, with the `n`-th best
+    score (the bar an ending must clear to matter) as a tensor the stopping rule compares against."""
+
+    def __init__(self, B: int, keep: int, device: torch.device) -> None:
+        self.keep = keep
+        self.hyps: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # (normalised score, tokens)
+        self._neg: list[list[float]] = [[] for _ in range(B)]  # -scores, ascending: for bisect
+        self.device = device
+
+    def add(self, sentence: int, score: float, tokens: list[int]) -> None:
+        """Keep it if it ranks among the best `keep`; equal scores keep the order they were found in."""
+        neg = self._neg[sentence]
+        at = bisect.bisect_right(neg, -score)
+        if at >= self.keep:
+            return
+        neg.insert(at, -score)
+        self.hyps[sentence].insert(at, (score, tokens))
+        del neg[self.keep :], self.hyps[sentence][self.keep :]
+
+    def nth(self, sentences: list[int], n: int) -> Tensor:
+        """(L,) the n-th best finished score of each sentence, -inf while it has fewer than n."""
+        return torch.tensor([-self._neg[i][n - 1] if len(self._neg[i]) >= n else float("-inf") for i in sentences],
+                            device=self.device, dtype=torch.float64)
+
+
 def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, beam: int, alpha: float = 0.6,
                 min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0,
-                prefix: list[list[int]] | None = None) -> NBest:
+                prefix: list[list[int]] | None = None, finish: str = "all") -> NBest:
     """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output, raised where
-    `prefix` (one id list per sentence, or None) is longer. Returns the `nbest` best finished hypotheses of
-    every sentence, each beginning with the sentence's prefix, with their length-normalised scores (fewer
-    than `nbest` where fewer finite ones exist, e.g. an output cut to exactly its prefix)."""
+    `prefix` (one id list per sentence, or None) is longer. `finish`: which endings are kept (module
+    docstring). Returns the `nbest` best finished hypotheses of every sentence, each beginning with the
+    sentence's prefix, with their length-normalised scores (fewer than `nbest` where fewer finite ones exist,
+    e.g. an output cut to exactly its prefix)."""
+    if finish not in FINISH_RULES:
+        raise ValueError(f"finish must be one of {FINISH_RULES}, got {finish!r}")
     B, K = max_len.shape[0], beam
     device = max_len.device
     prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]  # (normalised score, tokens)
+    top_k = finish == "top_k"
+    finished = Finished(B, K, device)
+    penalty = ((5.0 + torch.arange(int(max_len.max()) + 2, dtype=torch.float64, device=device)) / 6.0) ** alpha
     sent = torch.arange(B, device=device)  # original index of each live sentence (L live)
     # k hypotheses per live sentence: 1 at the first step (all K beams would start identical, so only one is
     # computed), then K (fewer only while K exceeds the candidates a tiny vocabulary offers)
     prev = torch.full((B,), bos, dtype=torch.long, device=device)  # (L*k,)
     scores = torch.zeros((B, 1), device=device)  # (L, k) summed log-probabilities
     history = torch.empty((B, 0), dtype=torch.long, device=device)  # (L*k, t)
-    ranks = torch.arange(2 * K, device=device)
     t = 0
     while sent.numel():
         L, k = scores.shape
         logits, cache = step(prev, cache)  # (L*k, V)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (L*k, V)
+        logits = logits.float()
+        shift = torch.logsumexp(logits, dim=-1, keepdim=True)  # (L*k, 1): log-probability = logit - shift
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
-        allowed = forbid(logp.clone() if forcing else logp, history, t, eos, min_len, no_repeat_ngram)
-        logp = force(logp, allowed, prefix[sent, t].repeat_interleave(k)) if forcing else allowed
-        V = logp.shape[-1]
+        raw = logits.clone() if forcing else logits
+        ranked = forbid(logits, history, t, eos, min_len, no_repeat_ngram)  # in place
+        if forcing:  # the prefix token keeps its own logit; every row is computed alike, forced or not
+            ranked = force(raw, ranked, prefix[sent, t].repeat_interleave(k))
+        V = ranked.shape[-1]
         t += 1
-        cand = (scores.reshape(L * k, 1) + logp).reshape(L, k * V)
-        top_scores, top_idx = cand.topk(min(2 * K, k * V), dim=1)  # (L, 2K), best first
-        top_beam, top_tok = top_idx // V, top_idx % V
-        is_eos = top_tok == eos
-        # set aside the hypotheses ending here: </s> within the top K ranks
-        ended = is_eos & (ranks[: top_tok.shape[1]] < K) & torch.isfinite(top_scores)
-        for l, r in ended.nonzero().tolist():
-            toks = history[l * k + int(top_beam[l, r])].tolist()
-            finished[int(sent[l])].append((float(top_scores[l, r]) / length_penalty(t, alpha), toks))
-        # go on with the K best candidates that did not end (a stable sort keeps their rank order)
-        # (K' = K, unless a tiny vocabulary offers fewer than 2K candidates: at most k of them end in </s>)
-        n_next = min(K, top_tok.shape[1] - k)
-        pick = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :n_next]  # (L, K')
-        next_scores = top_scores.gather(1, pick)
-        next_beam = top_beam.gather(1, pick)
-        next_tok = top_tok.gather(1, pick)
+        base = scores.reshape(L * k, 1) - shift  # (L*k, 1): a candidate's raw score is base + its logit
+        ending: list[tuple[int, int, float]] = []  # (live sentence, row, raw score) of the endings kept
+        if top_k:  # the 2K best extensions; </s> in the top K ranks ends
+            per_row = min(2 * K, V)
+            row_val, row_tok = ranked.topk(per_row, dim=1)  # (L*k, n)
+            cand = (base + row_val).reshape(L, k * per_row)
+            top_scores, top_idx = cand.topk(min(2 * K, k * per_row), dim=1)  # (L, 2K) best first
+            top_tok = row_tok.reshape(L, -1).gather(1, top_idx)
+            top_beam = top_idx // per_row
+            is_eos = top_tok == eos
+            ranks = torch.arange(top_tok.shape[1], device=device)
+            for l, r in (is_eos & (ranks < K) & torch.isfinite(top_scores)).nonzero().tolist():
+                ending.append((l, l * k + int(top_beam[l, r]), float(top_scores[l, r])))
+            n_next = min(K, top_tok.shape[1] - k)  # at most k of the 2K end in </s>
+            pick = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :n_next]  # (L, K')
+            next_scores, next_beam, next_tok = top_scores.gather(1, pick), top_beam.gather(1, pick), top_tok.gather(1, pick)
+        else:  # every finite ending may still win; the K best extensions that do not end go on
+            eos_scores = (base[:, 0] + ranked[:, eos]).double()  # (L*k,)
+            bar = finished.nth(sent.tolist(), nbest).repeat_interleave(k) * penalty[t]  # raw score to beat
+            for row in (torch.isfinite(eos_scores) & (eos_scores > bar)).nonzero()[:, 0].tolist():
+                ending.append((row // k, row, float(eos_scores[row])))
+            ranked[:, eos] = float("-inf")
+            per_row = min(K, V)
+            row_val, row_tok = ranked.topk(per_row, dim=1)  # (L*k, n)
+            cand = (base + row_val).reshape(L, k * per_row)
+            n_next = min(K, k * per_row)
+            next_scores, top_idx = cand.topk(n_next, dim=1)  # (L, K') best first
+            next_tok = row_tok.reshape(L, -1).gather(1, top_idx)
+            next_beam = top_idx // per_row
+        for l, row, raw in ending:
+            finished.add(int(sent[l]), raw / float(penalty[t]), history[row].tolist())
         rows = (torch.arange(L, device=device)[:, None] * k + next_beam).reshape(-1)  # (L*K',) parent rows
         k = n_next
         history = torch.cat([history.index_select(0, rows), next_tok.reshape(-1, 1)], dim=1)
-        last = t >= max_len.index_select(0, sent)  # (L,) the length limit: what is alive ends here
+        limits = max_len.index_select(0, sent)  # (L,)
+        last = t >= limits  # the length limit: what is alive ends here
         for l in last.nonzero()[:, 0].tolist():
             for j in range(k):
                 if torch.isfinite(next_scores[l, j]):
-                    finished[int(sent[l])].append((float(next_scores[l, j]) / length_penalty(t, alpha),
-                                                   history[l * k + j].tolist()))
-        # done: at the limit; or K finished and none alive ranks above the K-th finished any more (Hugging
-        # Face's rule, a heuristic when alpha > 0); or, exactly, no live hypothesis can still reach the
-        # `nbest` best finished: scores only fall, so a live raw score s < 0 ends at best at s / lp, lp the
-        # largest length penalty among the lengths it can still end at (t+1 .. its limit)
-        alive_best = next_scores[:, 0].tolist()  # (L,) best live raw score
-        limits = max_len.index_select(0, sent).tolist()
-        done = last.clone()
-        for l, i in enumerate(sent.tolist()):
-            ranked = sorted((h[0] for h in finished[i]), reverse=True)
-            reach = alive_best[l] / max(length_penalty(t + 1, alpha), length_penalty(limits[l], alpha))
-            if len(ranked) >= K and alive_best[l] / length_penalty(t, alpha) <= ranked[K - 1]:
-                done[l] = True
-            elif len(ranked) >= nbest and reach <= ranked[nbest - 1]:
-                done[l] = True
+                    finished.add(int(sent[l]), float(next_scores[l, j]) / float(penalty[t]), history[l * k + j].tolist())
+        # done: at the limit; or no live hypothesis can still reach the nbest-th finished (exact); or, top_k,
+        # K finished and none alive ranks above the K-th any more (Hugging Face's rule)
+        alive_best = next_scores[:, 0].double()  # (L,) best live raw score
+        live = sent.tolist()
+        reach = alive_best / torch.maximum(penalty[min(t + 1, len(penalty) - 1)], penalty[limits])
+        done = last | (reach <= finished.nth(live, nbest))
+        if top_k:
+            done |= alive_best / penalty[t] <= finished.nth(live, K)
         if done.all():
             break
         if done.any():
@@ -112,9 +173,5 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
         else:
             cache = cache.reorder(rows)
         scores, prev = next_scores, next_tok.reshape(-1)
-    tokens, out_scores = [], []
-    for hyps in finished:
-        hyps.sort(key=lambda h: -h[0])  # stable: equal scores keep the order they were found in
-        tokens.append([h[1] for h in hyps[:nbest]])
-        out_scores.append([h[0] for h in hyps[:nbest]])
-    return NBest(tokens, out_scores)
+    tokens = [[h[1] for h in hyps[:nbest]] for hyps in finished.hyps]
+    return NBest(tokens, [[h[0] for h in hyps[:nbest]] for hyps in finished.hyps])

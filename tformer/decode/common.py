@@ -89,9 +89,9 @@ def forbid(logp: Tensor, history: Tensor, t: int, eos: int, min_len: int, no_rep
 
 def force(logp: Tensor, allowed: Tensor, forced: Tensor) -> Tensor:
     """The prefix rule, applied after `forbid`: a row still inside its prefix (its `forced` (N,) entry is the
-    token due next, >= 0) may take that token only, at its log-probability in `logp` (N, V), before the rules
-    (they never forbid a prefix token); every other token is -inf. Rows past their prefix (-1) keep `allowed`
-    (N, V), the log-probabilities the rules left. Returns a new tensor."""
+    token due next, >= 0) may take that token only, at its score in `logp` (N, V: log-probabilities or logits)
+    before the rules (they never forbid a prefix token); every other token is -inf. Rows past their prefix (-1)
+    keep `allowed` (N, V), the scores the rules left. Returns a new tensor."""
     tok = forced.clamp(min=0)[:, None]  # (N, 1)
     only = torch.full_like(logp, float("-inf")).scatter(1, tok, logp.gather(1, tok))  # (N, V)
     return torch.where((forced >= 0)[:, None], only, allowed)

@@ -11,37 +11,44 @@ from dataclasses import dataclass, field, replace
 
 from torch import Tensor
 
-KV = tuple[Tensor, Tensor]
+from tformer.attention.kvbuffer import KV, KVBuffer
 
 
 @dataclass(frozen=True)
 class DecoderCache:
     src_mask: Tensor  # (B, S) bool, per sentence
     cross: list[KV]  # per layer: the memory's cross-attention keys and values, (B, H, S, Dh) each, per sentence
-    # self-attention keys and values of the positions decoded, per hypothesis: one entry per layer (a stack), or
-    # per ACT step (universal: (N, H, m_s, Dh), m_s <= t; positions past m_s never ran step s and are computed
-    # from their final state when a later position needs them)
-    self_kv: list[KV] = field(default_factory=list)
+    # self-attention keys and values of the positions decoded, per hypothesis: one entry per layer (a stack: a
+    # KVBuffer, or (k, v) tensors when traced for export), or per ACT step (universal: (N, H, m_s, Dh), m_s <= t;
+    # positions past m_s never ran step s and are computed from their final state when a later position needs them)
+    self_kv: list[KV | KVBuffer] = field(default_factory=list)
     anchors: Tensor | None = None  # universal: (N, t, D) each position's final state plus its position vector
     steps: Tensor | None = None  # universal: (N, t) ACT steps each position took
+    preallocated: bool = True  # a stack's first step starts KVBuffers; False: (k, v) tensors, concatenated (export)
 
     @property
     def t(self) -> int:
         """Positions decoded so far."""
         if self.anchors is not None:
             return self.anchors.shape[1]
-        return self.self_kv[0][0].shape[2] if self.self_kv else 0
+        if not self.self_kv:
+            return 0
+        kv = self.self_kv[0]
+        return kv.t if isinstance(kv, KVBuffer) else kv[0].shape[2]
 
     def reorder(self, hyp_rows: Tensor, sentence_rows: Tensor | None = None) -> "DecoderCache":
         """Keep, reorder or repeat hypotheses (`hyp_rows` (N',)) and, if given, sentences (`sentence_rows`)."""
         def hyps(x: Tensor | None) -> Tensor | None:
             return None if x is None else x.index_select(0, hyp_rows)
 
+        def hyp_kv(kv: KV | KVBuffer) -> KV | KVBuffer:
+            return kv.reorder(hyp_rows) if isinstance(kv, KVBuffer) else (hyps(kv[0]), hyps(kv[1]))
+
         def sentences(x: Tensor) -> Tensor:
             return x if sentence_rows is None else x.index_select(0, sentence_rows)
 
         return replace(self, src_mask=sentences(self.src_mask),
                        cross=[(sentences(k), sentences(v)) for k, v in self.cross],
-                       self_kv=[(hyps(k), hyps(v)) for k, v in self.self_kv],
+                       self_kv=[hyp_kv(kv) for kv in self.self_kv],
                        anchors=hyps(self.anchors), steps=hyps(self.steps))
 

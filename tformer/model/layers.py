@@ -19,6 +19,7 @@ from tformer.dropout import Dropout
 from tformer.positions import TUPE
 
 if TYPE_CHECKING:
+    from tformer.attention.kvbuffer import KVBuffer
     from tformer.model.layout import Layout
 
 
@@ -88,7 +89,7 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayerOutput(NamedTuple):
     x: Tensor  # (B, T, D)
-    self_kv: tuple[Tensor, Tensor]  # (B, H, T_total, Dh) each: what the cache keeps
+    self_kv: "tuple[Tensor, Tensor] | KVBuffer"  # (B, H, T_total, Dh) each, or the buffer: what the cache keeps
     self_weights: Tensor | None  # (B, H, T, T_total)
     cross_weights: Tensor | None  # (B, H, T, S)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from torch import Tensor, nn
 
+from tformer.attention.kvbuffer import KVBuffer
 from tformer.masks import Graph, PositionBias
 from tformer.model.cache import DecoderCache
 from tformer.model.layers import DecoderLayer, EncoderLayer
@@ -92,8 +93,8 @@ class LayerStack(nn.Module):
         self_mask, cross_mask = layout.self_mask(), layout.cross_mask()
         new = []
         for i, layer in enumerate(self.layers):
-            past = cache.self_kv[i] if cache.self_kv else None
+            past = cache.self_kv[i] if cache.self_kv else KVBuffer(x) if cache.preallocated else None
             out = layer(x, self_mask, cache.cross[i], cross_mask, past=past, self_bias=side.bias, layout=layout)
             x = out.x  # (N, 1, D)
-            new.append(out.self_kv)  # (N, H, t+1, Dh) each
-        return self.norm(x), DecoderCache(cache.src_mask, cache.cross, new)
+            new.append(out.self_kv)  # (N, H, t+1, Dh) each, or the buffer holding them
+        return self.norm(x), DecoderCache(cache.src_mask, cache.cross, new, preallocated=cache.preallocated)
