@@ -32,7 +32,7 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
         b = collate([examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos).to(device)
         hidden = model(b.src, b.src_lengths, b.tgt_in, b.tgt_lengths).real()  # (N, D)
         target = b.tgt_out[b.tgt_out != Vocab.pad]  # (N,)
-        rows = max(1, EVAL_LOGITS // model.generator.weight.shape[0])  # the logits of this many positions at once
+        rows = max(1, EVAL_LOGITS // model.generator.out_features)  # the logits of this many positions at once
         for r in range(0, len(target), rows):
             out = generator_loss(hidden[r : r + rows], model.generator, target[r : r + rows],
                                  cfg.train.label_smoothing, Vocab.pad)

@@ -153,7 +153,7 @@ def generator_loss(hidden: Tensor, generator: torch.nn.Linear, target: Tensor, e
     real positions and the correct predictions: what `label_smoothed_nll_loss` and `token_accuracy` give on
     the logits. With gradients on float32/float64 tensors and no autocast, the chunked computation above;
     otherwise (evaluation, mixed precision) the logits are built whole."""
-    V = generator.weight.shape[0]
+    V = generator.out_features
     if V <= 2:
         raise ValueError(f"label smoothing needs a vocabulary of more than 2 entries, got {V}")
     real = target != pad
