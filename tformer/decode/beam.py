@@ -44,7 +44,7 @@ import bisect
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table
+from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table, row_topk
 
 FINISH_RULES = ("all", "top_k")
 
@@ -118,7 +118,7 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
         ending: list[tuple[int, int, float]] = []  # (live sentence, row, raw score) of the endings kept
         if top_k:  # the 2K best extensions; </s> in the top K ranks ends
             per_row = min(2 * K, V)
-            row_val, row_tok = ranked.topk(per_row, dim=1)  # (L*k, n)
+            row_val, row_tok = row_topk(ranked, per_row)  # (L*k, n)
             cand = (base + row_val).reshape(L, k * per_row)
             top_scores, top_idx = cand.topk(min(2 * K, k * per_row), dim=1)  # (L, 2K) best first
             top_tok = row_tok.reshape(L, -1).gather(1, top_idx)
@@ -137,7 +137,7 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
                 ending.append((row // k, row, float(eos_scores[row])))
             ranked[:, eos] = float("-inf")
             per_row = min(K, V)
-            row_val, row_tok = ranked.topk(per_row, dim=1)  # (L*k, n)
+            row_val, row_tok = row_topk(ranked, per_row)  # (L*k, n)
             cand = (base + row_val).reshape(L, k * per_row)
             n_next = min(K, k * per_row)
             next_scores, top_idx = cand.topk(n_next, dim=1)  # (L, K') best first

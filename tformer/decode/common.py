@@ -95,3 +95,38 @@ def force(logp: Tensor, allowed: Tensor, forced: Tensor) -> Tensor:
     tok = forced.clamp(min=0)[:, None]  # (N, 1)
     only = torch.full_like(logp, float("-inf")).scatter(1, tok, logp.gather(1, tok))  # (N, V)
     return torch.where((forced >= 0)[:, None], only, allowed)
+
+
+def _group_width(V: int) -> int | None:
+    """A divisor of V between 32 and 128, the nearest to 64 (None when V has none): the size of the groups
+    `row_topk` and `row_max` first reduce V to."""
+    divisors = [c for c in range(32, 129) if V % c == 0]
+    return min(divisors, key=lambda c: abs(c - 64)) if divisors else None
+
+
+def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """x.topk(k, dim=1) for a wide (N, V) x, faster on a CPU: the row's V entries in c strided groups (j, j+W,
+    j+2W, ...; W = V/c); each group's max by one vectorised reduction; the k best entries lie in the k groups
+    with the largest maxima (any other group's max is below k entries that are), which are gathered and
+    ranked. Values equal topk's; among tied values the index may differ."""
+    N, V = x.shape
+    c = _group_width(V)
+    if c is None or 4 * k * c > V or not x.is_contiguous():
+        return x.topk(k, dim=1)
+    W = V // c
+    groups = x.view(N, c, W).amax(1).topk(k, dim=1).indices  # (N, k) group j holds columns j + a * W
+    cols = (groups[:, :, None] + torch.arange(0, V, W, device=x.device)).reshape(N, k * c)  # (N, k c)
+    values, at = x.gather(1, cols).topk(k, dim=1)
+    return values, cols.gather(1, at)
+
+
+def row_max(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x.max(dim=1) for a wide (N, V) x, by the same groups as `row_topk`: (values, indices)."""
+    N, V = x.shape
+    c = _group_width(V)
+    if c is None or 4 * c > V or not x.is_contiguous():
+        return x.max(dim=1)
+    W = V // c
+    cols = x.view(N, c, W).amax(1).argmax(1)[:, None] + torch.arange(0, V, W, device=x.device)  # (N, c)
+    value, at = x.gather(1, cols).max(dim=1)
+    return value, cols.gather(1, at[:, None])[:, 0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, Hypotheses, StepFn, forbid, force, prefix_table, select_rows
+from tformer.decode.common import Cache, Hypotheses, StepFn, forbid, force, prefix_table, row_max, select_rows
 
 
 def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, min_len: int = 0,
@@ -39,7 +39,7 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
         allowed = forbid(logits, history, t, eos, min_len, no_repeat_ngram)  # in place
         if forcing:  # the prefix token keeps its own logit; every row is computed alike, forced or not
             allowed = force(raw, allowed, prefix[active, t])
-        best_logit, best = allowed.max(dim=-1)  # (B_live,)
+        best_logit, best = row_max(allowed)  # (B_live,)
         best_logp = best_logit - lse
         best = torch.where(running, best, eos)  # a finished row carried along writes nothing
         scores.index_add_(0, active, torch.where(running, best_logp, 0.0).double())
