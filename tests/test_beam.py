@@ -205,8 +205,8 @@ def test_beam_one_equals_greedy_under_fairseqs_rule_and_scores_at_least_as_well_
                                                       max_len_a=1.5, max_len_b=4))
     assert beam.tokens == greedy.tokens
     # every ending kept: a beam of 1 follows greedy's path but may end earlier, where ending scored better
-    every = translate_ids(model, sources, DecodeConfig(strategy="beam", beam_size=1, len_penalty=0.0,
-                                                       max_len_a=1.5, max_len_b=4))
+    every = translate_ids(model, sources, DecodeConfig(strategy="beam", beam_size=1, beam_finish="all",
+                                                       len_penalty=0.0, max_len_a=1.5, max_len_b=4))
     for hyps, scores, g, g_score in zip(every.tokens, every.scores, greedy.tokens, greedy.scores):
         assert g[0][: len(hyps[0])] == hyps[0] and scores[0] >= g_score[0] - 1e-5
     assert every.tokens != greedy.tokens  # the model is peaky enough that some sentence ends earlier
