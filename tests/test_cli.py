@@ -190,3 +190,24 @@ def test_only_user_errors_are_one_line_a_bug_keeps_its_traceback(monkeypatch, ca
     monkeypatch.setattr(graph, "run", fails_with(ValueError("an internal invariant broke")))
     with pytest.raises(ValueError, match="an internal invariant broke"):
         cli.main(["graph", "--out", "g.png"])
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "score"])
+def test_batching_and_int8_flags_are_decode_settings(command, capsys):
+    """--int8 is decode.quantize=int8, --batch-tokens N is decode.batch_tokens=N (and --batch-size asks for
+    sentences again: batch_tokens 0); explicit overrides still come last and win."""
+    from tformer import cli
+    from tformer.commands import common
+
+    def overrides(*argv):
+        return common.decode_overrides(cli.build_parser().parse_args([command, "--checkpoint", "run", *argv]))
+
+    assert overrides() == []
+    assert overrides("--int8", "--batch-tokens", "4096") == ["decode.batch_tokens=4096", "decode.quantize=int8"]
+    assert overrides("--batch-size", "64") == ["decode.batch_size=64", "decode.batch_tokens=0"]
+    assert overrides("--batch-tokens", "9", "decode.batch_tokens=7")[-1] == "decode.batch_tokens=7"
+    with pytest.raises(SystemExit):
+        overrides("--batch-size", "64", "--batch-tokens", "4096")
+    assert "not allowed with argument --batch-size" in capsys.readouterr().err
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices[command].format_help()
+    assert "decode.quantize=int8" in help_text and "decode.batch_tokens=N" in help_text

@@ -1,12 +1,18 @@
 """Greedy decoding: cached == uncached == argmax of the teacher-forced pass; batch-invariant; the rules
-that forbid tokens (minimum length, repeated n-grams)."""
+that forbid tokens (minimum length, repeated n-grams); batches by token budget; the top-p (nucleus) boundary."""
 
+import math
+
+import numpy as np
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import TensorCache, forbid, greedy_search, max_lengths
-from tformer.inference import translate_ids
+from tformer.decode import TensorCache, filter_logits, forbid, greedy_search, max_lengths
+from tformer.decode.sampling import top_p_mask
+from tformer.inference import batching, translate_ids
 from tformer.model import build_model
 
 
@@ -116,3 +122,92 @@ def test_greedy_min_len_holds_back_eos():
 
     hyp = greedy_search(step, TensorCache({"x": torch.zeros(2)}), Vocab.bos, Vocab.eos, torch.tensor([10, 10]), min_len=3)
     assert hyp.tokens == [[7, 7, 7], [7, 7, 7]]
+
+
+# ----------------------------------------------------------------------------- batches by token budget
+
+
+@torch.no_grad()
+def test_batch_tokens_packs_padded_source_tokens_and_changes_no_output():
+    """decode.batch_tokens > 0: every batch the encoder sees holds at most that many padded source tokens
+    (sentences x longest, </s> included) unless one sentence alone is longer, sentences go longest first, and
+    the outputs are those of one sentence at a time."""
+    model = _model(norm="pre")
+    g = torch.Generator().manual_seed(5)
+    sources = [torch.randint(4, 15, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (15,), generator=g)]
+    seen = []
+    encode = model.encode
+
+    def spy(src, src_lengths, *args, **kwargs):
+        seen.append((src.shape[0], src.shape[1], src_lengths.tolist()))
+        return encode(src, src_lengths, *args, **kwargs)
+
+    model.encode = spy
+    for strategy in ("greedy", "beam"):
+        one = DecodeConfig(strategy=strategy, beam_size=3, max_len_a=1.5, max_len_b=3, batch_size=1)
+        want = translate_ids(model, sources, one)
+        seen.clear()
+        got = translate_ids(model, sources, DecodeConfig(strategy=strategy, beam_size=3, max_len_a=1.5, max_len_b=3,
+                                                         batch_tokens=24))
+        assert got.tokens == want.tokens
+        assert sum(b for b, _, _ in seen) == len(sources)
+        assert all(b * s <= 24 or b == 1 for b, s, _ in seen)
+        assert 1 < len(seen) < len(sources)  # packed, several sentences a batch
+        firsts = [max(lengths) for _, _, lengths in seen]
+        assert firsts == sorted(firsts, reverse=True)  # longest first
+
+
+def test_batching_reads_batch_tokens_unless_the_caller_counts_tokens_itself():
+    assert batching(DecodeConfig(batch_size=30)) == (30, "examples")
+    assert batching(DecodeConfig(batch_size=30, batch_tokens=500)) == (500, "tokens")
+    assert batching(DecodeConfig(batch_size=30, batch_tokens=500), "tokens") == (30, "tokens")
+    assert batching(DecodeConfig(batch_size=30), "tokens") == (30, "tokens")
+
+
+# ----------------------------------------------------------------------------- top-p (nucleus) boundary
+
+
+def _kept(mask):
+    return mask[0].nonzero()[:, 0].tolist()
+
+
+def test_top_p_keeps_the_minimal_set_when_the_sum_reaches_p_exactly():
+    """0.5, 0.25, 0.125, 0.125 and their sums are exact in float32: p = 0.75 is reached by the first two."""
+    probs = torch.tensor([[0.125, 0.5, 0.125, 0.25]])  # sorted: 1, 3, then 0 and 2 (ties in index order)
+    assert _kept(top_p_mask(probs, 0.75)) == [1, 3]
+    assert _kept(top_p_mask(probs, 0.5)) == [1]
+    assert _kept(top_p_mask(probs, 0.1)) == [1]  # the most probable token always stays
+    assert _kept(top_p_mask(probs, float(np.nextafter(np.float32(0.75), np.float32(1))))) == [0, 1, 3]
+    assert _kept(top_p_mask(probs, 0.875)) == [0, 1, 3]  # of the tied 0.125s, the first
+    assert _kept(top_p_mask(probs, 1.0)) == [0, 1, 2, 3]
+    # through the logits: uniform logits give exact 1/8s, so the sums 0.25, 0.375 ... are exact too
+    kept = lambda lp: torch.isfinite(lp[0]).nonzero()[:, 0].tolist()  # noqa: E731
+    flat = torch.zeros(1, 8)
+    assert kept(filter_logits(flat, 1.0, 0, 0.25)) == [0, 1]
+    assert kept(filter_logits(flat, 1.0, 0, 0.375)) == [0, 1, 2]
+    assert kept(filter_logits(flat, 1.0, 0, 0.3750001)) == [0, 1, 2, 3]
+    assert kept(filter_logits(flat, 1.0, 0, 1.0)) == list(range(8))
+    assert filter_logits(flat, 1.0, 0, 0.25).exp()[0, :2].tolist() == [0.5, 0.5]  # renormalised
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(1e-6, 1.0), min_size=1, max_size=40), st.data())
+def test_top_p_keeps_the_minimal_prefix_whose_float32_sum_reaches_p(weights, data):
+    """Oracle: the tokens sorted by probability (ties by index), each prefix summed exactly (math.fsum) and
+    rounded once to float32; the kept set is the shortest prefix whose sum is >= p (p in float32), or all.
+    Probabilities >= 2**-26 keep every such sum exact in the float64 accumulator of torch's CPU cumsum, so the
+    oracle's float32 sums are the ones the code compares. p is drawn at, just under and just over a sum."""
+    w = np.asarray(weights)
+    probs = (w / w.sum()).astype(np.float32)  # (V,)
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    sums = [np.float32(math.fsum(float(probs[j]) for j in order[: k + 1])) for k in range(len(order))]
+    how = data.draw(st.sampled_from(["at", "under", "over", "any"]))
+    if how == "any":
+        p = data.draw(st.floats(1e-6, 1.0))
+    else:
+        s = sums[data.draw(st.integers(0, len(sums) - 1))]
+        p = float(s if how == "at" else np.nextafter(s, np.float32(0 if how == "under" else 2)))
+    if not 0 < p <= 1:
+        return
+    n = next((k + 1 for k, s in enumerate(sums) if s >= np.float32(p)), len(order))
+    assert sorted(_kept(top_p_mask(torch.from_numpy(probs)[None], p))) == sorted(order[:n])

@@ -1,16 +1,24 @@
 """Forced target prefixes against oracles: greedy vs a forced-then-free decoding by the full (uncached)
 forward pass, beam vs exhaustive search over the paths that begin with the prefix, teacher-forced rescoring
-of the scores, batch invariance with mixed prefixes, and the rules never forbidding a prefix token."""
+of the scores, batch invariance with mixed prefixes, and the rules never forbidding a prefix token; prefix
+files and streams (the API and `tformer translate --prefix-file`) against the list form."""
 
+import gzip
 import itertools
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import tformer
+from tformer.api import format_translation
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
 from tformer.decode import TensorCache, beam_search, greedy_search, length_penalty, max_lengths, prefix_table, sample, search
+from tformer.errors import DataError
 from tformer.model import build_model
 
 PAD, BOS, EOS = Vocab.pad, Vocab.bos, Vocab.eos
@@ -286,3 +294,85 @@ def test_every_draw_begins_with_its_prefix_and_seeded_draws_are_batch_invariant(
         alone = _search(model, [s], cfg, [p], [i])
         assert alone.tokens[0] == a.tokens[i]
         assert alone.scores[0] == pytest.approx(a.scores[i], rel=1e-6, abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- prefix files and streams
+
+
+ROOT = Path(__file__).resolve().parents[1]
+V1 = ROOT / "tests" / "fixtures" / "checkpoint_v1"
+
+
+def _v1():
+    return tformer.load(V1 / "checkpoint", device="cpu"), V1
+
+
+FILE_PREFIXES = ["DOG", "", "A BIG", "", "SMALL WOMAN", "CAT CAT CAT", "", "RED"]
+
+
+@pytest.mark.parametrize("options", [{}, {"beam": 4, "nbest": 3}])
+def test_a_prefix_file_streams_what_translate_with_prefixes_gives(tmp_path, options):
+    """The oracle: the list form (itself held to a forced-then-free full forward in test_api); the file and
+    the streams must give the same outputs line by line, whatever the chunking, gzip or not."""
+    translator, v1 = _v1()
+    lines = (v1 / "input.en").read_text(encoding="utf-8").splitlines()[: len(FILE_PREFIXES)]
+    want = translator.translate(lines, prefix=[p or None for p in FILE_PREFIXES], **options)
+    for t, p in zip(want, FILE_PREFIXES):
+        assert all(h.text.startswith(p) for h in t.hypotheses)
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with gzip.open(tmp_path / "prefix.de.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(FILE_PREFIXES) + "\n")
+    nbest = options.get("nbest", 1) > 1
+    n = translator.translate_file(tmp_path / "in.en", tmp_path / "out.de", prefix_file=tmp_path / "prefix.de.gz",
+                                  chunk_size=3, **options)
+    assert n == len(lines)
+    text = (tmp_path / "out.de").read_text(encoding="utf-8")
+    assert text == "".join(format_translation(t, i, nbest) for i, t in enumerate(want))
+    streamed = translator.translate_iterable(iter(lines), prefix=iter(FILE_PREFIXES), chunk_size=3, **options)
+    assert [[h.text for h in t.hypotheses] for t in streamed] == [[h.text for h in t.hypotheses] for t in want]
+
+
+def test_prefix_streams_of_another_length_are_refused_naming_both(tmp_path):
+    translator, v1 = _v1()
+    (tmp_path / "in.en").write_text("a dog\nthe cat\nred\n", encoding="utf-8")
+    (tmp_path / "short.de").write_text("DOG\n\n", encoding="utf-8")
+    (tmp_path / "out.de").write_text("earlier\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"in\.en has 3 lines but .*short\.de has 2; give one prefix per input line"):
+        translator.translate_file(tmp_path / "in.en", tmp_path / "out.de", prefix_file=tmp_path / "short.de")
+    assert (tmp_path / "out.de").read_text(encoding="utf-8") == "earlier\n"  # nothing written
+    (tmp_path / "bad.de").write_bytes(b"DOG\n\xff\n\n")
+    with pytest.raises(DataError, match=r"bad\.de, line 2.*not valid UTF-8"):
+        translator.translate_file(tmp_path / "in.en", tmp_path / "out.de", prefix_file=tmp_path / "bad.de")
+    with pytest.raises(DataError, match="the input: more lines than the prefixes, whose last is line 1"):
+        list(translator.translate_iterable(["a", "b", "c"], prefix=["A"], chunk_size=2))
+    with pytest.raises(DataError, match="the prefixes: more lines than the input, whose last is line 2"):
+        list(translator.translate_iterable(["a", "b"], prefix=["A", None, "C"]))
+    with pytest.raises(DataError, match=r"prefix\[1\]: 2000 target pieces"):
+        translator.translate(["a", "b"], prefix=[None, "DOG " * 500])
+
+
+def test_translate_prefix_file_on_the_command_line(tmp_path):
+    translator, v1 = _v1()
+    lines = (v1 / "input.en").read_text(encoding="utf-8").splitlines()[: len(FILE_PREFIXES)]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "prefix.de").write_text("\n".join(FILE_PREFIXES) + "\n", encoding="utf-8")
+
+    def cli(*args, stdin=None):
+        return subprocess.run([sys.executable, "-m", "tformer", "translate", "--checkpoint", v1 / "checkpoint",
+                               *map(str, args)], input=stdin, capture_output=True, text=True, timeout=300,
+                              cwd=ROOT)
+
+    want = [t.text for t in translator.translate(lines, prefix=[p or None for p in FILE_PREFIXES])]
+    r = cli("--input", tmp_path / "in.en", "--prefix-file", tmp_path / "prefix.de")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == want
+    r = cli("--prefix-file", tmp_path / "prefix.de", stdin="\n".join(lines) + "\n")  # standard input
+    assert r.returncode == 0 and r.stdout.splitlines() == want, r.stderr
+    (tmp_path / "out.de").write_text("earlier\n", encoding="utf-8")
+    r = cli("--input", tmp_path / "in.en", "--prefix-file", tmp_path / "prefix.de", "--output", tmp_path / "out.de",
+            stdin=None)
+    assert r.returncode == 0 and (tmp_path / "out.de").read_text(encoding="utf-8").splitlines() == want
+    r = cli("--prefix-file", tmp_path / "prefix.de", "--output", tmp_path / "out.de", stdin="a dog\n")
+    assert r.returncode == 2
+    assert "standard input has 1 lines but" in r.stderr and "prefix.de has 8" in r.stderr
+    assert (tmp_path / "out.de").read_text(encoding="utf-8").splitlines() == want  # left as it was

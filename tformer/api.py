@@ -5,9 +5,12 @@ models from Python. The command line, the explorer page and the exporters are th
     translator.translate(["A dog runs on the beach ."])[0].text
     translator.translate(lines, beam=5, nbest=3)           # Translation.hypotheses: the n-best list, best first
     translator.translate(lines, prefix=["Ein Hund", None]) # force the start of an output
+    translator.translate(lines, alignment=True)[0].hypotheses[0].alignment   # [(source i, target j), ...]
     translator.translate_iterable(open("big.en"))          # streams: constant memory, input order
     translator.translate_file("in.en", "out.de")           # every line checked first; written atomically
+    translator.translate_file("in.en", "out.de", prefix_file="in.prefix")    # one target prefix per line
     translator.score(sources, targets)                     # forced decoding: total and per-token log-probs
+    translator.score_file("pairs.tsv", "scores.tsv")       # source<TAB>target lines, streamed like translate
     translator.evaluate("test")                            # BLEU/chrF, CER/WER or exact match on a split
     tformer.train(tformer.Config.from_yaml("copy"), "runs/copy")
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -37,13 +41,18 @@ from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, chec
 from tformer.data.corpus import iter_lines, normalize
 from tformer.errors import ConfigError, DataError, NoCheckpointError
 from tformer.files import writing
-from tformer.inference import BatchType, Source, model_from, score_ids, translate_ids
-from tformer.inspection import AttentionMaps, attention_maps, token_labels
+from tformer.inference import BatchType, Source, batching, model_from, score_ids, translate_ids
+from tformer.inspection import AttentionMaps, attention_maps, check_alignment, hard_alignments, token_labels
 from tformer.metrics import TranslationScores
 from tformer.training.checkpoint import Checkpoint, load_checkpoint
 
 MAX_SOURCE_TOKENS = 1024  # default limit on a source's pieces: attention memory grows with its square
 CHUNK = 10_000  # sentences read, sorted by length and decoded together by the streaming forms
+SCORE_FORMATS = ("tsv", "jsonl")
+EXTRAS = ("return_attention", "alignment", "alignment_layer", "alignment_heads")  # what outputs carry, on request
+SCORE_OPTIONS = ("batch_size", "batch_tokens")  # the decoding settings scoring reads
+Alignment = list[tuple[int, int]]  # (source piece index, target piece index), 0-based, </s> on neither side
+_END = object()  # what next() gives at the end of a stream
 
 
 @dataclass(frozen=True)
@@ -52,12 +61,13 @@ class Hypothesis:
     tokens: list[str]  # the target pieces, without <s> and </s>
     score: float  # beam: log-probability / GNMT length penalty; greedy and sampling: log-probability
     attention: AttentionMaps | None = None  # with return_attention=True (teacher-forced on this output)
+    alignment: Alignment | None = None  # with alignment=True: per target piece, its source piece (see translate)
 
 
 @dataclass(frozen=True)
 class Translation:
-    """One source's translation: its n-best hypotheses, best first; `text`, `tokens`, `score` and
-    `attention` are the best one's."""
+    """One source's translation: its n-best hypotheses, best first; `text`, `tokens`, `score`, `attention`
+    and `alignment` are the best one's."""
 
     source_tokens: list[str]  # the source pieces the model read (empty for frames and empty sources)
     hypotheses: list[Hypothesis]
@@ -66,6 +76,7 @@ class Translation:
     tokens = property(lambda self: self.hypotheses[0].tokens)
     score = property(lambda self: self.hypotheses[0].score)
     attention = property(lambda self: self.hypotheses[0].attention)
+    alignment = property(lambda self: self.hypotheses[0].alignment)
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,17 @@ class Score:
     tokens: list[str]  # the target pieces, then '</s>'
     token_log_probs: list[float]  # one per token, aligned with `tokens`
     attention: AttentionMaps | None = None
+    alignment: Alignment | None = None  # with alignment=True: over the target pieces, not '</s>'
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """What each output carries besides its text and score, when asked for (checked against the model)."""
+
+    attention: bool = False
+    alignment: bool = False
+    layer: int = -1  # the alignment's decoder layer (ACT step), negative from the last
+    heads: tuple[int, ...] | None = None  # the heads its weights average; None: all
 
 
 @dataclass(frozen=True)
@@ -147,7 +169,13 @@ class Translator:
     def decode_settings(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
                         **settings: Any) -> DecodeConfig:
         """The loaded defaults with these settings (DecodeConfig fields) on top, checked."""
-        return updated(self.config.decode, "decode", {**settings, **decode_fields(beam, nbest, batch_size)})
+        fields = decode_fields(beam, nbest, batch_size, settings.pop("batch_tokens", None))
+        return updated(self.config.decode, "decode", {**settings, **fields})
+
+    def _extras(self, return_attention: bool = False, alignment: bool = False, alignment_layer: int = -1,
+                alignment_heads: Sequence[int] | None = None) -> _Extras:
+        heads = check_alignment(self.model, alignment_layer, alignment_heads)
+        return _Extras(bool(return_attention), bool(alignment), alignment_layer, heads)
 
     def _source(self, source: Any, where: str) -> Source | None:
         """One source, checked: ids of a sentence, frames (S, F), or None for an empty sentence."""
@@ -162,19 +190,31 @@ class Translator:
             if problem:
                 raise DataError(f"{where}: {problem}")
             return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-        if not isinstance(source, str):
-            raise DataError(f"{where}: a sentence must be a string, got {type(source).__name__}")
-        ids = self.encode(source)
+        return self._text(source, "source", where) or None
+
+    def _text(self, text: Any, side: str, where: str) -> list[int]:
+        """The ids of one sentence of `side`, checked: a string, at most max_source_tokens pieces."""
+        if not isinstance(text, str):
+            raise DataError(f"{where}: a sentence must be a string, got {type(text).__name__}")
+        ids = self.encode(text, side)
         limit = self.max_source_tokens
         if limit and len(ids) > limit:
-            chars = len(source.rstrip("\r\n"))  # a line read from a file keeps its ending
-            raise DataError(f"{where}: {len(ids)} source pieces ({chars:,} characters), more than "
+            chars = len(text.rstrip("\r\n"))  # a line read from a file keeps its ending
+            raise DataError(f"{where}: {len(ids)} {side} pieces ({chars:,} characters), more than "
                             f"max_source_tokens={limit} (--max-source-tokens {limit}); split it into sentences, or "
                             "raise the limit")
-        return ids or None
+        return ids
 
     def _sources(self, sources: Sequence[Any], where) -> list[Source | None]:
         return [self._source(s, where(i)) for i, s in enumerate(sources)]
+
+    def _prefix(self, prefix: Any, where: str) -> list[int]:
+        """A target prefix's ids (None or '': none); the sources' length limit holds for it too."""
+        if prefix is None:
+            return []
+        if not isinstance(prefix, str):
+            raise DataError(f"{where}: a prefix must be a string or None, got {type(prefix).__name__}")
+        return self._text(prefix, "target", where)
 
     def _prefixes(self, prefix: Sequence[str | None] | None, n: int) -> list[list[int]] | None:
         if prefix is None:
@@ -182,49 +222,70 @@ class Translator:
         _check_list(prefix, "prefix")
         if len(prefix) != n:
             raise DataError(f"prefix has {len(prefix)} entries for {n} sources; give one per source (None for none)")
-        for i, p in enumerate(prefix):
-            if p is not None and not isinstance(p, str):
-                raise DataError(f"prefix[{i}]: must be a string or None, got {type(p).__name__}")
-        return [self.encode(p, "target") if p else [] for p in prefix]
+        return [self._prefix(p, f"prefix[{i}]") for i, p in enumerate(prefix)]
+
+    def _pair(self, source: Any, target: Any, where_source: str, where_target: str) -> tuple[Source, list[int]]:
+        """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty)."""
+        checked = self._source(source, where_source)
+        if checked is None:
+            raise DataError(f"{where_source} is empty: there is nothing to score a translation against")
+        return checked, self._text(target, "target", where_target)
 
     # ---------------------------------------------------------------------------------------- translate
 
     def translate(self, sources: Sequence[Any], *, beam: int | None = None, nbest: int | None = None,
                   prefix: Sequence[str | None] | None = None, batch_size: int | None = None,
-                  batch_type: BatchType = "examples", return_attention: bool = False,
+                  batch_type: BatchType = "examples", return_attention: bool = False, alignment: bool = False,
+                  alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
                   **settings: Any) -> list[Translation]:
         """Translate every source (raw sentences, or frame arrays for a frame encoder); one Translation per
         source, in order. Every source is checked before any is decoded. `prefix`: one string (or None) per
         source that its outputs must begin with. `batch_size` sentences per batch, or with batch_type
-        'tokens' a budget of padded source tokens; outputs never depend on it. `settings`: more DecodeConfig
-        fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, temperature, top_k,
-        top_p, seed)."""
+        'tokens' a budget of padded source tokens (or batch_tokens=N); outputs never depend on it.
+        `alignment`: each hypothesis gets its hard alignment, for every target piece (not </s>) the source
+        piece (not </s>) its cross-attention weighs most, averaged over `alignment_heads` (None: all) of
+        decoder layer `alignment_layer` (-1: the last; a universal transformer's ACT step), as pairs
+        (source index, target index) over `source_tokens` (a frame encoder: its model frames) and the
+        hypothesis' `tokens` (fairseq's --print-alignment; tformer.inspection.hard_alignments). `settings`:
+        more DecodeConfig fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram,
+        temperature, top_k, top_p, seed, batch_tokens, quantize)."""
         _check_list(sources, "sources")
         _check_batch_type(batch_type)
         cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)
+        extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
         prefixes = self._prefixes(prefix, len(sources))
         checked = self._sources(sources, lambda i: f"sources[{i}]")
-        return self._translate(checked, cfg, prefixes, batch_type, return_attention)
+        return self._translate(checked, cfg, prefixes, batch_type, extras)
 
-    def translate_iterable(self, sources: Iterable[Any], *, chunk_size: int = CHUNK, name: str = "the input",
+    def translate_iterable(self, sources: Iterable[Any], *, prefix: Iterable[str | None] | None = None,
+                           chunk_size: int = CHUNK, name: str = "the input", prefix_name: str = "the prefixes",
                            first_line: int = 1, **options: Any) -> Iterator[Translation]:
         """Translations of a stream of sources, in input order, reading `chunk_size` at a time: memory does not
-        grow with the input. A bad source stops the stream with an error naming `name` and its line (the first
-        source is line `first_line`). `options`: as `translate` (beam, nbest, batch_size, batch_type,
-        return_attention, DecodeConfig fields)."""
-        if isinstance(sources, (str, bytes)):
-            raise DataError(f"translate_iterable takes an iterable of sentences (a list, an open file), got a "
-                            f"{type(sources).__name__}")
+        grow with the input. `prefix`: a stream of target prefixes beside it, one per source (None or '':
+        none); streams of different lengths are an error. A bad source stops the stream with an error naming
+        `name` (a bad prefix `prefix_name`) and its line (the first source is line `first_line`). `options`:
+        as `translate` (beam, nbest, batch_size, batch_type, return_attention, alignment, alignment_layer,
+        alignment_heads, DecodeConfig fields)."""
+        for value, what in ((sources, "sentences"), (prefix, "prefixes")):
+            if isinstance(value, (str, bytes)):
+                raise DataError(f"translate_iterable takes an iterable of {what} (a list, an open file), got a "
+                                f"{type(value).__name__}")
         _check_chunk(chunk_size)
-        return self._stream(iter(sources), chunk_size, f"{name}, line {{}}", first_line, *self._options(options))
+        names = (f"{name}, line {{}}", f"{prefix_name}, line {{}}", name, prefix_name)
+        return self._stream(iter(sources), None if prefix is None else iter(prefix), chunk_size, names, first_line,
+                            *self._options(options))
 
-    def translate_file(self, source: str | Path, output: str | Path | IO[str], *, name: str | None = None,
-                       chunk_size: int = CHUNK, **options: Any) -> int:
+    def translate_file(self, source: str | Path | IO[bytes], output: str | Path | IO[str], *,
+                       prefix_file: str | Path | IO[bytes] | None = None, name: str | None = None,
+                       prefix_name: str | None = None, chunk_size: int = CHUNK, **options: Any) -> int:
         """Translate a UTF-8 text file (plain or gzip), one sentence per line, into `output` (a path, written
         under a temporary name and renamed when complete, or an open text stream): one line per input line,
-        or with nbest > 1 'index ||| translation ||| score' lines (Moses n-best). Every line is checked
-        first (UTF-8, length), so a bad line stops it before anything is written; reading and decoding then
-        stream in constant memory. Returns the number of lines. `name` names the input in messages."""
+        or with nbest > 1 'index ||| translation ||| score' lines (Moses n-best); with alignment=True each
+        line ends in ' ||| ' and the alignment, 'source-target' index pairs ('0-0 1-2 2-1', Marian's
+        format). `prefix_file`: one target prefix per input line (an empty line: none), as many lines as
+        the input. Every line is checked first (UTF-8, length, the line counts), so a bad line stops it
+        before anything is written; reading and decoding then stream in constant memory. Returns the number
+        of lines. `name` / `prefix_name` name the files in messages. `options`: as `translate`."""
         name = name or str(source)
         settings = self._options(options)
         _check_chunk(chunk_size)
@@ -233,73 +294,168 @@ class Translator:
             self._source(line, f"{name}, line {count}")
         if not count:
             raise DataError(f"{name} is empty: nothing to translate")
+        prefixes = None
+        if prefix_file is not None:
+            prefix_name = prefix_name or str(prefix_file)
+            n = 0
+            for n, line in enumerate(iter_lines(prefix_file, prefix_name), 1):
+                self._prefix(line, f"{prefix_name}, line {n}")
+            if n != count:
+                raise DataError(f"{name} has {count} lines but {prefix_name} has {n}; give one prefix per input "
+                                "line (an empty line for none)")
+        names = (f"{name}, line {{}}", f"{prefix_name}, line {{}}", name, prefix_name)
         with writing(output) as out:
             lines = iter_lines(source, name)
-            for index, translation in enumerate(self._stream(lines, chunk_size, f"{name}, line {{}}", 1, *settings)):
-                out.write(format_translation(translation, index, settings[0].nbest > 1))
+            if prefix_file is not None:
+                prefixes = iter_lines(prefix_file, prefix_name)
+            for index, translation in enumerate(self._stream(lines, prefixes, chunk_size, names, 1, *settings)):
+                out.write(format_translation(translation, index, settings[0].nbest > 1, settings[2].alignment))
         return count
 
-    def _options(self, options: dict[str, Any]) -> tuple[DecodeConfig, BatchType, bool]:
-        """translate's keyword options -> (decoding settings, batch type, return_attention), checked."""
+    def _options(self, options: dict[str, Any], only: tuple[str, ...] | None = None
+                 ) -> tuple[DecodeConfig, BatchType, _Extras]:
+        """Keyword options -> (decoding settings, batch type, what outputs carry), checked; `only`: the
+        DecodeConfig fields allowed (None: all)."""
         options = dict(options)
-        batch_type, return_attention = options.pop("batch_type", "examples"), options.pop("return_attention", False)
+        batch_type = options.pop("batch_type", "examples")
         _check_batch_type(batch_type)
-        return self.decode_settings(**options), batch_type, bool(return_attention)
+        extras = self._extras(**{k: options.pop(k) for k in EXTRAS if k in options})
+        unknown = sorted(set(options) - set(only)) if only is not None else []
+        if unknown:
+            raise ConfigError(f"scoring takes no option {', '.join(map(repr, unknown))}; it takes batch_type, "
+                              f"{', '.join(only + EXTRAS)}")
+        return self.decode_settings(**options), batch_type, extras
 
-    def _stream(self, stream: Iterator[Any], chunk_size: int, where: str, first: int, cfg: DecodeConfig,
-                batch_type: BatchType, return_attention: bool) -> Iterator[Translation]:
-        """Chunks of `stream`, checked and translated in turn; `where` formats a source's number for messages."""
+    def _stream(self, stream: Iterator[Any], prefixes: Iterator[Any] | None, chunk_size: int,
+                names: tuple[str, str, str, str | None], first: int, cfg: DecodeConfig, batch_type: BatchType,
+                extras: _Extras) -> Iterator[Translation]:
+        """Chunks of `stream` (and of `prefixes` beside it), checked and translated in turn. `names`: formats of
+        a source's and a prefix's line for messages, then the names of both streams."""
+        where, prefix_where, name, prefix_name = names
         done = first
         while chunk := list(itertools.islice(stream, chunk_size)):
             checked = self._sources(chunk, lambda i: where.format(done + i))
-            yield from self._translate(checked, cfg, None, batch_type, return_attention)
+            ids = None
+            if prefixes is not None:
+                part = list(itertools.islice(prefixes, len(chunk)))
+                if len(part) < len(chunk):
+                    raise DataError(f"{name}: more lines than {prefix_name}, whose last is line "
+                                    f"{done + len(part) - 1}; give one prefix per input line (an empty one: none)")
+                ids = [self._prefix(p, prefix_where.format(done + i)) for i, p in enumerate(part)]
+            yield from self._translate(checked, cfg, ids, batch_type, extras)
             done += len(chunk)
+        if prefixes is not None and next(prefixes, _END) is not _END:
+            raise DataError(f"{prefix_name}: more lines than {name}, whose last is line {done - 1}; give one prefix "
+                            "per input line")
 
     def _translate(self, checked: list[Source | None], cfg: DecodeConfig, prefixes: list[list[int]] | None,
-                   batch_type: BatchType, return_attention: bool) -> list[Translation]:
+                   batch_type: BatchType, extras: _Extras) -> list[Translation]:
         live = [i for i, s in enumerate(checked) if s is not None]
         nbest = translate_ids(self.model, [checked[i] for i in live], cfg,
                               None if prefixes is None else [prefixes[i] for i in live], batch_type) if live else None
-        out = [Translation([], [Hypothesis("", [], 0.0)]) for _ in checked]  # empty sources
+        aligned = iter(self._align([(checked[i], h) for j, i in enumerate(live) for h in nbest.tokens[j]], cfg,
+                                   batch_type, extras) if live and extras.alignment else ())
+        empty = [] if extras.alignment else None
+        out = [Translation([], [Hypothesis("", [], 0.0, None, empty)]) for _ in checked]  # empty sources
         for j, i in enumerate(live):
             src, hyps = checked[i], nbest.tokens[j]
             src_pieces = [] if isinstance(src, Tensor) else self.pieces(src, "source")
             maps = [None] * len(hyps)
-            if return_attention:
+            if extras.attention:
                 maps = attention_maps(self.model, [(src, h) for h in hyps], None if isinstance(src, Tensor) else
                                       [src_pieces] * len(hyps), [self.pieces(h) for h in hyps])
-            out[i] = Translation(src_pieces, [Hypothesis(self.decode(h), self.pieces(h), float(s), m)
+            out[i] = Translation(src_pieces, [Hypothesis(self.decode(h), self.pieces(h), float(s), m,
+                                                         next(aligned) if extras.alignment else None)
                                               for h, s, m in zip(hyps, nbest.scores[j], maps)])
         return out
+
+    def _align(self, pairs: list[tuple[Source, list[int]]], cfg: DecodeConfig, batch_type: BatchType,
+               extras: _Extras) -> list[Alignment]:
+        """Hard alignments of (source, target ids) pairs, in batches as decoding makes them."""
+        return hard_alignments(self.model, pairs, extras.layer, extras.heads, *batching(cfg, batch_type))
 
     # ---------------------------------------------------------------------------------------- score, evaluate
 
     def score(self, sources: Sequence[Any], targets: Sequence[str], *, batch_size: int | None = None,
-              batch_type: BatchType = "examples", return_attention: bool = False) -> list[Score]:
+              batch_type: BatchType = "examples", batch_tokens: int | None = None, return_attention: bool = False,
+              alignment: bool = False, alignment_layer: int = -1,
+              alignment_heads: Sequence[int] | None = None) -> list[Score]:
         """Forced decoding (fairseq's score, CTranslate2's score_batch): the log-probability of each target
-        given its source, token by token, </s> included."""
+        given its source, token by token, </s> included. A target may be empty (</s> alone); a source may
+        not. `alignment`: as `translate`, over the target's pieces."""
         _check_list(sources, "sources")
         _check_list(targets, "targets")
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
         _check_batch_type(batch_type)
-        cfg = self.decode_settings(batch_size=batch_size)
-        checked = self._sources(sources, lambda i: f"sources[{i}]")
-        ids = []
-        for i, (src, tgt) in enumerate(zip(checked, targets)):
-            if src is None:
-                raise DataError(f"sources[{i}] is empty: there is nothing to score a translation against")
-            if not isinstance(tgt, str):
-                raise DataError(f"targets[{i}]: a sentence must be a string, got {type(tgt).__name__}")
-            ids.append(self.encode(tgt, "target"))
-        logps = score_ids(self.model, checked, ids, cfg.batch_size, batch_type)
+        cfg = self.decode_settings(batch_size=batch_size, batch_tokens=batch_tokens)
+        extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
+        pairs = [self._pair(s, t, f"sources[{i}]", f"targets[{i}]") for i, (s, t) in enumerate(zip(sources, targets))]
+        return self._score(pairs, cfg, batch_type, extras)
+
+    def score_iterable(self, pairs: Iterable[tuple[Any, str]], *, chunk_size: int = CHUNK, name: str = "the input",
+                       first_line: int = 1, **options: Any) -> Iterator[Score]:
+        """Scores of a stream of (source, target) pairs, in input order, `chunk_size` pairs at a time: memory
+        does not grow with the input. A bad pair stops the stream with an error naming `name` and its line
+        (the first pair is line `first_line`). `options`: as `score` (batch_size, batch_type, batch_tokens,
+        return_attention, alignment, alignment_layer, alignment_heads)."""
+        if isinstance(pairs, (str, bytes)):
+            raise DataError(f"score_iterable takes an iterable of (source, target) pairs, got a "
+                            f"{type(pairs).__name__}")
+        _check_chunk(chunk_size)
+        cfg, batch_type, extras = self._options(options, SCORE_OPTIONS)
+        return self._score_stream(iter(pairs), chunk_size, name, first_line, cfg, batch_type, extras)
+
+    def score_file(self, pairs: str | Path | IO[bytes], output: str | Path | IO[str], *, name: str | None = None,
+                   format: str = "tsv", pieces: bool = False, chunk_size: int = CHUNK, **options: Any) -> int:
+        """Score a UTF-8 text file (plain or gzip) of 'source<TAB>target' lines into `output` (a path, written
+        under a temporary name and renamed when complete, or an open text stream), one line per pair
+        (`format_score`): 'tsv' (the total log-probability, a tab, the per-token log-probabilities, </s> last;
+        with `pieces` a tab and the target pieces; with alignment=True a tab and the alignment) or 'jsonl'.
+        Every line is checked first (one tab, a source, UTF-8, lengths), so a bad line stops it before
+        anything is written; scoring then streams in constant memory. Returns the number of lines. `name`
+        names the input in messages; `options`: as `score`."""
+        if format not in SCORE_FORMATS:
+            raise ConfigError(f"format must be one of {', '.join(SCORE_FORMATS)}; got {format!r}")
+        name = name or str(pairs)
+        cfg, batch_type, extras = self._options(options, SCORE_OPTIONS)
+        _check_chunk(chunk_size)
+        count = 0
+        for count, line in enumerate(iter_lines(pairs, name), 1):
+            where = f"{name}, line {count}"
+            self._pair(*parse_pair(line, where), f"{where} (source)", f"{where} (target)")
+        if not count:
+            raise DataError(f"{name} is empty: nothing to score")
+        with writing(output) as out:
+            lines = (parse_pair(line, "") for line in iter_lines(pairs, name))
+            for score in self._score_stream(lines, chunk_size, name, 1, cfg, batch_type, extras):
+                out.write(format_score(score, format, pieces))
+        return count
+
+    def _score_stream(self, stream: Iterator[Any], chunk_size: int, name: str, first: int, cfg: DecodeConfig,
+                      batch_type: BatchType, extras: _Extras) -> Iterator[Score]:
+        done = first
+        while chunk := list(itertools.islice(stream, chunk_size)):
+            checked = []
+            for i, pair in enumerate(chunk):
+                where = f"{name}, line {done + i}"
+                if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+                    raise DataError(f"{where}: a pair (source, target) is needed, got {type(pair).__name__}")
+                checked.append(self._pair(*pair, f"{where} (source)", f"{where} (target)"))
+            yield from self._score(checked, cfg, batch_type, extras)
+            done += len(chunk)
+
+    def _score(self, pairs: list[tuple[Source, list[int]]], cfg: DecodeConfig, batch_type: BatchType,
+               extras: _Extras) -> list[Score]:
+        logps = score_ids(self.model, [s for s, _ in pairs], [t for _, t in pairs], *batching(cfg, batch_type))
+        aligned = self._align(pairs, cfg, batch_type, extras) if extras.alignment else [None] * len(pairs)
         out = []
-        for src, tgt, logp in zip(checked, ids, logps):
+        for (src, tgt), logp, alignment in zip(pairs, logps, aligned):
             maps = None
-            if return_attention:
+            if extras.attention:
                 labels = None if isinstance(src, Tensor) else [self.pieces(src, "source")]
                 maps = attention_maps(self.model, [(src, tgt)], labels, [self.pieces(tgt)])[0]
-            out.append(Score(sum(logp), self.pieces(tgt) + ["</s>"], logp, maps))
+            out.append(Score(sum(logp), self.pieces(tgt) + ["</s>"], logp, maps, alignment))
         return out
 
     def load_split(self, split: str = "test"):
@@ -335,9 +491,10 @@ class Translator:
         return Evaluation(split, metrics, sources, refs, outputs, decode, seconds, scores)
 
 
-def decode_fields(beam: int | None = None, nbest: int | None = None, batch_size: int | None = None) -> dict[str, Any]:
-    """The DecodeConfig fields that `beam` (1: greedy search, N: beam search of N), `nbest` and `batch_size`
-    stand for (those given)."""
+def decode_fields(beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
+                  batch_tokens: int | None = None) -> dict[str, Any]:
+    """The DecodeConfig fields that `beam` (1: greedy search, N: beam search of N), `nbest`, `batch_size` and
+    `batch_tokens` stand for (those given). A batch_size alone asks for batches of sentences: batch_tokens 0."""
     out: dict[str, Any] = {}
     if beam is not None:
         out.update(strategy="greedy" if beam == 1 else "beam", beam_size=beam)
@@ -345,15 +502,59 @@ def decode_fields(beam: int | None = None, nbest: int | None = None, batch_size:
         out["nbest"] = nbest
     if batch_size is not None:
         out["batch_size"] = batch_size
+    if batch_tokens is not None or batch_size is not None:
+        out["batch_tokens"] = batch_tokens or 0
     return out
 
 
-def format_translation(translation: Translation, index: int, nbest: bool) -> str:
+def format_alignment(alignment: Alignment) -> str:
+    """'0-0 1-2 2-1': (source, target) index pairs as Marian and fast_align write them."""
+    return " ".join(f"{s}-{t}" for s, t in alignment)
+
+
+def format_translation(translation: Translation, index: int, nbest: bool, alignment: bool = False) -> str:
     """The output line(s) of one translation: its text, or with `nbest` one 'index ||| text ||| score' line
-    per hypothesis (Moses' n-best format)."""
+    per hypothesis (Moses' n-best format); with `alignment`, each line ends in ' ||| 0-0 1-2 ...'
+    (Marian's 'translation ||| alignment')."""
+    def tail(h: Hypothesis) -> str:
+        return f" ||| {format_alignment(h.alignment or [])}" if alignment else ""
+
     if not nbest:
-        return translation.text + "\n"
-    return "".join(f"{index} ||| {h.text} ||| {h.score:.4f}\n" for h in translation.hypotheses)
+        return translation.text + tail(translation.hypotheses[0]) + "\n"
+    return "".join(f"{index} ||| {h.text} ||| {h.score:.4f}{tail(h)}\n" for h in translation.hypotheses)
+
+
+def format_score(score: Score, format: str = "tsv", pieces: bool = False) -> str:
+    """The output line of one scored pair. 'tsv': the total log-probability, a tab, the per-token
+    log-probabilities separated by spaces (the target's pieces, then </s>; 4 decimals), then with `pieces`
+    a tab and those tokens, and when the score has an alignment a tab and the alignment ('0-0 1-2').
+    'jsonl': {"log_prob", "tokens", "token_log_probs"[, "alignment": [[source, target], ...]]} in full
+    precision (`pieces` changes nothing: the tokens are always there)."""
+    if format == "jsonl":
+        record: dict[str, Any] = {"log_prob": score.log_prob, "tokens": score.tokens,
+                                  "token_log_probs": score.token_log_probs}
+        if score.alignment is not None:
+            record["alignment"] = [list(pair) for pair in score.alignment]
+        return json.dumps(record, ensure_ascii=False) + "\n"
+    if format != "tsv":
+        raise ConfigError(f"format must be one of {', '.join(SCORE_FORMATS)}; got {format!r}")
+    fields = [f"{score.log_prob:.4f}", " ".join(f"{lp:.4f}" for lp in score.token_log_probs)]
+    if pieces:
+        fields.append(" ".join(score.tokens))
+    if score.alignment is not None:
+        fields.append(format_alignment(score.alignment))
+    return "\t".join(fields) + "\n"
+
+
+def parse_pair(line: str, where: str) -> tuple[str, str]:
+    """A 'source<TAB>target' line -> (source, target); `where` (file and line) names it in errors."""
+    tabs = line.count("\t")
+    if tabs != 1:
+        what = "no tab" if not tabs else f"{tabs} tabs"
+        raise DataError(f"{where}: {what}; each line must be 'source<TAB>target' with exactly one tab (an empty "
+                        "target, 'source<TAB>', scores </s> alone)")
+    source, target = line.split("\t")
+    return source, target
 
 
 def _check_list(value: Any, name: str) -> None:

@@ -7,12 +7,17 @@ out. Text never appears here (tformer.api turns text into ids and back).
 
 Sources are id lists without specials (</s> is added here), or float frames (S, F) for a frame encoder.
 Batches take sentences longest first: `batch_size` sentences each (batch_type "examples"), or as many as
-fit `batch_size` tokens counted as sentences x longest source, padded (batch_type "tokens"). No sentence's
-result depends on the batch it lands in (the searches drop finished sentences; tests compare batch 1 and 7).
+fit `batch_size` tokens counted as sentences x longest source, padded (batch_type "tokens"); with
+decode.batch_tokens > 0, batches of that many tokens unless a caller asks for "tokens" itself (`batching`).
+No sentence's result depends on the batch it lands in (the searches drop finished sentences; tests compare
+batch 1 and 7).
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from typing import Literal, Sequence
 
 import torch
@@ -46,6 +51,15 @@ def decode_batches(lengths: Sequence[int], batch_size: int, batch_type: BatchTyp
     return out
 
 
+def batching(cfg: DecodeConfig, batch_type: BatchType = "examples") -> tuple[int, BatchType]:
+    """(budget, batch type) for decode_batches: a caller's batch_type 'tokens' counts cfg.batch_size tokens;
+    otherwise decode.batch_tokens > 0 asks for batches of that many padded source tokens, else batch_size
+    sentences."""
+    if batch_type == "tokens":
+        return cfg.batch_size, "tokens"
+    return (cfg.batch_tokens, "tokens") if cfg.batch_tokens > 0 else (cfg.batch_size, "examples")
+
+
 def _source_batch(model: Transformer, sources: list[Source]) -> tuple[Tensor, Tensor]:
     """Padded ids with </s> (B, S), or padded frames (B, S, F); lengths (B,)."""
     device = next(model.parameters()).device
@@ -70,7 +84,7 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
     tokens: list[list[list[int]]] = [[] for _ in sources]
     scores: list[list[float]] = [[] for _ in sources]
     try:
-        for rows in decode_batches(_lengths(sources), cfg.batch_size, batch_type):
+        for rows in decode_batches(_lengths(sources), *batching(cfg, batch_type)):
             src, src_lengths = _source_batch(model, [sources[i] for i in rows])
             enc = model.encode(src, src_lengths)
             cache = model.init_cache(enc)
@@ -113,11 +127,35 @@ def score_ids(model: Transformer, sources: list[Source], targets: list[list[int]
     return out
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the system (a
+    process-wide setting; True when it took). Decoding allocates logits and caches of a few MB at every step;
+    by default each such block is mapped fresh and every page of it faults on first touch (about 70,000
+    faults and 5-8% of the time of a beam-5 run over 128 sentences, benchmarks/RESULTS.md). Memory then stays
+    at its high-water mark, as with any caching allocator. TFORMER_KEEP_FREED_MEMORY=0 leaves malloc alone."""
+    if os.environ.get("TFORMER_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
 def model_from(ckpt: Checkpoint, device: str | torch.device | None = None) -> Transformer:
-    """The checkpoint's model with its weights, in eval mode on `device` (default: the CPU)."""
+    """The checkpoint's model with its weights, in eval mode on `device` (default: the CPU); with
+    decode.quantize=int8, its linear layers dynamic int8 (tformer.model.quantize). Decoding's freed memory is
+    kept for reuse from here on (`keep_freed_memory`)."""
+    keep_freed_memory()
     model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
     ckpt.load_model_state(model)
-    return model.to(device or "cpu").eval()
+    model = model.to(device or "cpu").eval()
+    if ckpt.cfg.decode.quantize == "int8":
+        from tformer.model.quantize import quantize_int8
+
+        quantize_int8(model)
+    return model
 
 
 def load_model(path: str, which: str = "best", overrides: Sequence[str] = (),

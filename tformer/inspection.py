@@ -3,6 +3,8 @@ and a universal transformer's steps per token, labelled with the tokens. Picture
 
     attention_maps(model, pairs, src_labels, tgt_labels)   teacher-forced forward, need_weights=True
                                                            -> one AttentionMaps per pair
+    hard_alignments(model, pairs, layer, heads)            batched teacher-forced forwards -> for each pair,
+                                                           (source index, target index) per target piece
     token_labels(tokenizer, ids)                           the vocabulary entry of each id
 
 The weights are the kernels' own softmax outputs (`Transformer.forward(..., need_weights=True)`), in any
@@ -14,11 +16,19 @@ each position *produces* (y1 .. yn, </s>), so a copy model's cross-attention is 
 keys are the tokens it *reads* (<s>, y1 .. yn). A universal transformer's "layers" are its ACT steps; a
 position that had already halted before a step is NaN in that step's rows (drawn blank): its state no
 longer changes there.
+
+Hard alignment (fairseq's --print-alignment, Marian's --alignment hard): each target piece (not </s>) is
+aligned to the source piece (not </s>; a frame encoder's model frame) with the largest cross-attention weight
+of the query that produces it, averaged over the chosen heads of the chosen decoder layer (default: all heads
+of the last layer); ties go to the first. A universal transformer's layers are its ACT steps, per position:
+step k means min(k, the position's last step), and -1 each position's own last step (-2 the one before, ...),
+so an alignment does not depend on how long the other sentences of its batch pondered.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -26,7 +36,8 @@ from torch import Tensor
 
 from tformer.data.batching import pad_frames, pad_sequences
 from tformer.data.vocab import Vocab
-from tformer.errors import TformerError
+from tformer.errors import ConfigError, TformerError
+from tformer.inference import BatchType, decode_batches
 
 KINDS = ("encoder", "decoder", "cross")
 
@@ -80,18 +91,49 @@ def token_labels(tokenizer, ids: list[int]) -> list[str]:
 def _per_example(weights: list[Tensor], graph, q_lens: list[int], k_lens: list[int]) -> list[np.ndarray]:
     """Per-layer weights of a batch -> per example (layers, H, lq, lk)."""
     out: list[list[np.ndarray]] = [[] for _ in q_lens]
-    q_off = np.concatenate([[0], np.cumsum(q_lens)])
-    k_off = np.concatenate([[0], np.cumsum(k_lens)])
     for w in weights:
-        if graph is not None:  # packed: (E, H) per edge of `graph`
-            dense = w.new_zeros(w.shape[1], graph.n_queries, graph.n_keys)  # (H, Nq, Nk)
-            dense[:, graph.query, graph.key] = w.t()
-            for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
-                out[b].append(dense[:, q_off[b] : q_off[b] + lq, k_off[b] : k_off[b] + lk].float().numpy())
-        else:  # padded: (B, H, Lq, Lk)
-            for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
-                out[b].append(w[b, :, :lq, :lk].float().numpy())
+        if graph is not None:  # packed: (E, H) per edge of `graph` -> padded (B, H, Lq, Lk)
+            w = _padded(w, graph, q_lens, k_lens)
+        w = w.float().cpu()  # (B, H, Lq, Lk)
+        for b, (lq, lk) in enumerate(zip(q_lens, k_lens)):
+            out[b].append(w[b, :, :lq, :lk].numpy())
     return [np.stack(layers) for layers in out]
+
+
+def _padded(w: Tensor, graph, q_lens: list[int], k_lens: list[int]) -> Tensor:
+    """(E, H) weights on the edges of a packed batch's graph -> (B, H, Lq, Lk), zero off the graph; every edge
+    joins a query and a key of the same sentence."""
+    device = graph.query.device
+    q_sent = torch.repeat_interleave(torch.arange(len(q_lens), device=device), torch.tensor(q_lens, device=device))
+    q_start = torch.tensor([0] + q_lens[:-1], device=device).cumsum(0)  # (B,)
+    k_start = torch.tensor([0] + k_lens[:-1], device=device).cumsum(0)  # (B,)
+    sent = q_sent[graph.query]  # (E,)
+    dense = w.new_zeros(len(q_lens), w.shape[1], max(q_lens), max(k_lens))  # (B, H, Lq, Lk)
+    dense[sent, :, graph.query - q_start[sent], graph.key - k_start[sent]] = w  # (E, H)
+    return dense
+
+
+def _teacher_forced(model, pairs: list[tuple[list[int] | Tensor, list[int]]]):
+    """One forward pass over the pairs with need_weights=True: (ModelOutput, model source lengths, target
+    lengths with <s>, frames?)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        frames = isinstance(pairs[0][0], Tensor)
+        if frames:
+            src = pad_frames([s for s, _ in pairs]).to(device)  # (B, S, F)
+            src_lengths = torch.tensor([len(s) for s, _ in pairs], device=device)
+        else:
+            src = pad_sequences([s for s, _ in pairs], Vocab.pad, last=Vocab.eos)[0].to(device)  # (B, S)
+            src_lengths = torch.tensor([len(s) + 1 for s, _ in pairs], device=device)
+        tgt_in = pad_sequences([t for _, t in pairs], Vocab.pad, first=Vocab.bos)[0].to(device)  # (B, T)
+        tgt_lengths = torch.tensor([len(t) + 1 for _, t in pairs], device=device)
+        out = model(src, src_lengths, tgt_in, tgt_lengths, need_weights=True)
+    finally:
+        model.train(was_training)
+    s_lens = [int(n) for n in (src_lengths if not frames else _model_frames(model, src_lengths))]
+    return out, s_lens, [int(n) for n in tgt_lengths], frames
 
 
 @torch.inference_mode()
@@ -103,25 +145,8 @@ def attention_maps(model, pairs: list[tuple[list[int] | Tensor, list[int]]],
     steps compute exactly these weights). Labels: the pieces of source and target (default: the ids)."""
     if not pairs:
         return []
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        frames = isinstance(pairs[0][0], Tensor)
-        if frames:
-            src = pad_frames([s for s, _ in pairs]).to(device)
-            src_lengths = torch.tensor([len(s) for s, _ in pairs], device=device)
-        else:
-            src = pad_sequences([s for s, _ in pairs], Vocab.pad, last=Vocab.eos)[0].to(device)
-            src_lengths = torch.tensor([len(s) + 1 for s, _ in pairs], device=device)
-        tgt_in = pad_sequences([t for _, t in pairs], Vocab.pad, first=Vocab.bos)[0].to(device)
-        tgt_lengths = torch.tensor([len(t) + 1 for _, t in pairs], device=device)
-        out = model(src, src_lengths, tgt_in, tgt_lengths, need_weights=True)
-    finally:
-        model.train(was_training)
+    out, s_lens, t_lens, frames = _teacher_forced(model, pairs)
     att = out.attentions
-    s_lens = [int(n) for n in (src_lengths if not frames else _model_frames(model, src_lengths))]
-    t_lens = [int(n) for n in tgt_lengths]
     per_kind = {
         "encoder": _per_example(att.encoder, att.graphs.get("encoder"), s_lens, s_lens),
         "decoder": _per_example(att.decoder, att.graphs.get("decoder"), t_lens, t_lens),
@@ -148,6 +173,68 @@ def attention_maps(model, pairs: list[tuple[list[int] | Tensor, list[int]]],
         maps.append(AttentionMaps(source, ["<s>"] + target, target + ["</s>"], weights,
                                   "step" if universal else "layer", steps))
     return maps
+
+
+def check_alignment(model, layer: int, heads: Sequence[int] | None) -> tuple[int, ...] | None:
+    """The alignment's layer and heads checked against the model (ConfigError naming the valid range);
+    returns the heads as a tuple."""
+    cfg = model.cfg
+    universal = cfg.kind == "universal"
+    n, what = (cfg.max_steps, "ACT steps (model.max_steps)") if universal else (cfg.decoder_layers, "decoder layers")
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+        raise ConfigError(f"alignment_layer (--alignment-layer) must be a whole number in {-n}..{n - 1} ({what}: "
+                          f"{n}; -1: the last), got {layer!r}")
+    if heads is None:
+        return None
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Sequence) or not heads:
+        raise ConfigError(f"alignment_heads (--alignment-heads) must be a non-empty list of head indices, or None "
+                          f"for all; got {heads!r}")
+    for h in heads:
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < cfg.n_heads:
+            raise ConfigError(f"alignment_heads (--alignment-heads): the model has {cfg.n_heads} heads "
+                              f"(0..{cfg.n_heads - 1}); got {h!r}")
+    return tuple(heads)
+
+
+def _argmax_pairs(cross: np.ndarray, frames: bool) -> list[tuple[int, int]]:
+    """(T, S) cross-attention of one pair (rows: the queries producing y1 .. yn </s>; columns: the source and
+    its </s>) -> (source index, target index) of each row's largest weight, without </s> on either side."""
+    keys = cross[:-1] if frames else cross[:-1, :-1]  # (n, S) no </s> query, no </s> key
+    if keys.shape[0] == 0 or keys.shape[1] == 0:
+        return []
+    return [(int(s), t) for t, s in enumerate(keys.argmax(axis=1))]  # argmax: the first of equal weights
+
+
+@torch.inference_mode()
+def hard_alignments(model, pairs: list[tuple[list[int] | Tensor, list[int]]], layer: int = -1,
+                    heads: Sequence[int] | None = None, batch_size: int = 250,
+                    batch_type: BatchType = "examples") -> list[list[tuple[int, int]]]:
+    """Hard alignment of each (source, target) pair (ids as attention_maps takes them): for every target piece
+    in order, (source index, target index), 0-based over the pieces without </s> (see the module's notes).
+    `layer`: a decoder layer (negative counts from the last; a universal transformer's ACT step); `heads`:
+    the heads averaged (None: all). Teacher-forced forward passes over batches of pairs, chosen as decoding
+    chooses them (`batch_size` pairs, or padded tokens with batch_type 'tokens')."""
+    heads = check_alignment(model, layer, heads)
+    universal = model.cfg.kind == "universal"
+    out: list[list[tuple[int, int]]] = [[] for _ in pairs]
+    frames = bool(pairs) and isinstance(pairs[0][0], Tensor)
+    lengths = [max(len(s) + (0 if frames else 1), len(t) + 1) for s, t in pairs]
+    for rows in decode_batches(lengths, batch_size, batch_type):
+        result, s_lens, t_lens, _ = _teacher_forced(model, [pairs[i] for i in rows])
+        att = result.attentions
+        chosen = att.cross if universal else [att.cross[layer]]  # all steps, or the one layer
+        per_pair = _per_example(chosen, att.graphs.get("cross"), t_lens, s_lens)  # (layers, H, T, S) each
+        for b, i in enumerate(rows):
+            w = per_pair[b] if heads is None else per_pair[b][:, list(heads)]
+            w = w.mean(axis=1)  # (layers, T, S) averaged over the heads
+            if universal:  # each target position's own step: min(layer, its last) or counted from its last
+                steps = result.ponder[1].steps[b, : t_lens[b]].long().cpu().numpy()  # (T,)
+                step = np.minimum(layer, steps - 1) if layer >= 0 else np.maximum(steps + layer, 0)
+                w = w[step, np.arange(len(step))]  # (T, S)
+            else:
+                w = w[0]  # (T, S)
+            out[i] = _argmax_pairs(w, frames)
+    return out
 
 
 def _model_frames(model, counts: Tensor) -> Tensor:

@@ -25,15 +25,39 @@ def decoding(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--beam", type=int, help="beam size (1 = greedy); same as decode.strategy=beam "
                     "decode.beam_size=N. Sampling: decode.strategy=sample decode.top_p=0.9 ...")
     sp.add_argument("--nbest", type=int, help="hypotheses per sentence (decode.nbest)")
-    sp.add_argument("--batch-size", type=int, help="sentences per decoding batch (decode.batch_size); "
-                    "results do not depend on it")
+    batching(sp)
+
+
+def batching(sp: argparse.ArgumentParser) -> None:
+    """How the model runs: batches (sentences or tokens) and int8 weights; results do not depend on batches."""
+    group = sp.add_mutually_exclusive_group()
+    group.add_argument("--batch-size", type=int, help="sentences per batch (decode.batch_size); results do not "
+                       "depend on it")
+    group.add_argument("--batch-tokens", type=int, metavar="N", help="batches of at most N padded source tokens "
+                       "(sentences x longest), sentences sorted by length, instead of a count of sentences "
+                       "(decode.batch_tokens=N); results do not depend on it")
+    sp.add_argument("--int8", action="store_true", help="run the linear layers with dynamic int8 quantization "
+                    "(CPU; faster, results may differ slightly); same as decode.quantize=int8")
+
+
+def int_list(text: str) -> list[int]:
+    """'0,2,3' -> [0, 2, 3], for argparse."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        message = f"a comma-separated list of whole numbers, such as 0,2; got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def decode_overrides(args: argparse.Namespace) -> list[str]:
-    """--beam/--nbest/--batch-size as decode.* overrides, before the explicit ones (which win)."""
+    """--beam/--nbest/--batch-size/--batch-tokens/--int8 as decode.* overrides, before the explicit ones (which
+    win)."""
     from tformer.api import decode_fields
 
-    flags = decode_fields(getattr(args, "beam", None), getattr(args, "nbest", None), getattr(args, "batch_size", None))
+    flags = decode_fields(getattr(args, "beam", None), getattr(args, "nbest", None), getattr(args, "batch_size", None),
+                          getattr(args, "batch_tokens", None))
+    if getattr(args, "int8", False):
+        flags["quantize"] = "int8"
     return [f"decode.{key}={value}" for key, value in flags.items()] + getattr(args, "overrides", [])
 
 
@@ -62,8 +86,10 @@ def describe_decode(cfg) -> str:
            "sample": f"sampling (temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}, seed {d.seed})"}
     extra = (f", min length {d.min_len}" if d.min_len else "") + \
         (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "")
-    return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {d.batch_size} "
-            f"sentences, kernel {cfg.model.attention}")
+    batch = f"{d.batch_tokens} tokens" if d.batch_tokens else f"{d.batch_size} sentences"
+    int8 = ", int8" if d.quantize == "int8" else ""
+    return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "
+            f"kernel {cfg.model.attention}{int8}")
 
 
 def show_examples(sources: list[str], refs: list[str], outputs: list[str], n: int) -> None:

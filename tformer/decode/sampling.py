@@ -14,6 +14,18 @@ from torch import Tensor
 from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table, select_rows
 
 
+def top_p_mask(probs: Tensor, top_p: float) -> Tensor:
+    """(N, V) probabilities -> (N, V) bool, True in the nucleus: the most probable tokens, down to and including
+    the one at which their cumulative sum (in the probabilities' dtype, float32) first reaches top_p; all of
+    them when it never does. Ties are taken in vocabulary order. The sum is compared where it stands, never
+    recomputed by subtraction, so a sum that reaches top_p exactly keeps the minimal set."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (N, V)
+    reached = sorted_probs.cumsum(-1) >= top_p  # (N, V) top_p is compared in the probabilities' dtype
+    after = torch.zeros_like(reached)
+    after[:, 1:] = reached[:, :-1]  # the tokens ahead already reached top_p: this one is not needed
+    return torch.zeros_like(after).scatter(1, order, ~after)
+
+
 def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
     """(N, V) logits -> log-probabilities of the filtered, renormalised distribution (-inf outside it)."""
     logits = logits.float() / temperature
@@ -21,12 +33,7 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) 
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability mass strictly ahead of each token
-        drop_sorted = before >= top_p  # keep the smallest prefix reaching top_p (the top token always stays)
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(~top_p_mask(logits.softmax(-1), top_p), float("-inf"))
     return torch.log_softmax(logits, dim=-1)
 
 
