@@ -2,7 +2,7 @@
 
     python benchmarks/explorer.py --checkpoint runs/multi30k_en_de --beam 5 --nbest 5 --sentences 40 [--record]
 
-Serves the checkpoint in this process (tformer.explore.make_server on 127.0.0.1), posts Multi30k test2016
+Serves the checkpoint in this process (tformer.serve.Server with the explorer, on 127.0.0.1), posts Multi30k test2016
 sentences one at a time, and reports the round trip (what the page waits for) beside the model's own time
 and plain decoding of the same sentences with the same settings (Translator.translate, no attention, no HTTP), so
 the cost of the attention and of JSON is visible. Then the same requests from 4 clients at once.
@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, report  # noqa: E402
 
-from tformer.explore import Explorer, make_server  # noqa: E402
+from tformer.explore import Explorer, server_settings  # noqa: E402
+from tformer.serve import Server  # noqa: E402
 
 
 def post(url: str, body: dict) -> tuple[float, dict, int]:
@@ -74,9 +75,11 @@ def main() -> None:
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
         sentences = [line.strip() for line in f][: args.sentences]
     explorer = Explorer(args.checkpoint)
-    server = make_server(explorer, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
+    server = Server(explorer.translator, "127.0.0.1", 0, server_settings(explorer.limits), explorer=explorer)
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.01)
+    url = server.url.rstrip("/")
     body = lambda s: {"text": s, "beam": args.beam, "nbest": args.nbest}  # noqa: E731
     post(url, body(sentences[0]))  # warm-up
 
@@ -97,7 +100,7 @@ def main() -> None:
     wall = time.perf_counter() - tic
     if args.screenshot:
         screenshot(url, sentences[1], args.screenshot)
-    server.shutdown()
+    server.stop()
 
     ms = lambda x: f"{1000 * x:.0f}"  # noqa: E731
     lengths = [len(translator.encode(s)) for s in sentences]

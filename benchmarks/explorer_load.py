@@ -7,8 +7,9 @@ Starts `tformer explore` as its own process (its memory is read from /proc), tak
 request at a time, then sends bursts from N concurrent clients (one connection per request): 80% real
 Multi30k validation sentences, 20% bad requests (empty text, over --max-chars, not JSON, a 100,000-character
 body); then bursts whose clients honour Retry-After. Checks every 200 against the reference (translation and score), every 4xx for its message, every 503
-for "busy"; counts connection failures; reports latency percentiles, server memory (before, peak, after) and,
-after each burst, the time until the server answers normally again.
+for "busy" (the queue) or uvicorn's plain "Service Unavailable" (past --max-connections); counts connection
+failures; reports latency percentiles, server memory (before, peak, after) and, after each burst, the time until
+the server answers normally again.
 """
 
 from __future__ import annotations
@@ -67,7 +68,11 @@ def post(url: str, data: bytes, timeout: float = 120) -> tuple[int | None, dict,
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read()), time.perf_counter() - tic
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read()), time.perf_counter() - tic
+        body = e.read()
+        try:
+            return e.code, json.loads(body), time.perf_counter() - tic
+        except ValueError:  # uvicorn's own 503 past --max-connections is plain text
+            return e.code, {"error": body.decode("utf-8", "replace")}, time.perf_counter() - tic
     except OSError as e:  # a dropped or refused connection: a failure
         return None, {"error": repr(e)}, time.perf_counter() - tic
 
@@ -150,7 +155,8 @@ def main() -> None:
             for (_, expected, key), (status, out, seconds) in results:
                 if status == 200 and expected == 200 and [(h["text"], h["score"]) for h in out["hypotheses"]] == reference[key]:
                     kind = "200"
-                elif status == 503 and out.get("error", "").startswith("busy"):
+                elif status == 503 and (out.get("error", "").startswith("busy") or
+                                        out.get("error") == "Service Unavailable"):  # the queue's, or uvicorn's
                     kind = "503"
                 elif status == expected and 400 <= status < 500 and key in out.get("error", ""):
                     kind = "4xx"

@@ -4,6 +4,9 @@
     tformer prepare   --config C --out DIR [data.key=value ...]   a corpus into memory-mapped shards, once
     tformer evaluate  --checkpoint RUN_DIR [--split test] [--beam 5] [decode.key=value ...]
     tformer translate --checkpoint RUN_DIR [--input FILE] [--output FILE] [--beam 5 --nbest 3 --batch-size 64]
+                      [--prefix-file FILE] [--alignment] [--int8] [--batch-tokens 4096]
+    tformer score     --checkpoint RUN_DIR [--input FILE] [--output FILE] [--format tsv|jsonl]   log-probabilities
+                      of 'source<TAB>target' lines, in total and per token
     tformer transcribe --checkpoint RUN_DIR FILE.npy ... | --tsv FILE
     tformer data      {multi30k,wmt14} --out DIR | {copy,sort} --out DIR [--config FILE] [data.key=value ...]
     tformer average   --run-dir RUN_DIR --last 5 --out DIR
@@ -12,6 +15,7 @@
     tformer plot      RUN_DIR                         training curves
     tformer animate   RUN_DIR [--every-head]          GIFs of the attention recorded over training
     tformer explore   --checkpoint RUN_DIR [--port 8000]   the explorer page on 127.0.0.1
+    tformer serve     --checkpoint RUN_DIR [--port 8000] [--api-key K]   batching HTTP service (+ LibreTranslate API)
     tformer export    --format ctranslate2|onnx RUN_DIR OUT
     tformer graph     --out FILE [--pattern --window 2 ...]   attention structures as pictures
     tformer demo      train the copy task, then show its test accuracy and a few decoded examples
@@ -28,11 +32,11 @@ import logging
 import sys
 
 from tformer.commands import (animate, attention, average, data, demo, evaluate, explore, export, graph, plot,
-                              ponder, prepare, train, transcribe, translate)
+                              ponder, prepare, score, serve, train, transcribe, translate)
 from tformer.errors import TformerError
 
-COMMANDS = (train, prepare, evaluate, translate, transcribe, data, average, ponder, attention, plot, animate, explore,
-            export, graph, demo)
+COMMANDS = (train, prepare, evaluate, translate, score, transcribe, data, average, ponder, attention, plot, animate,
+            explore, serve, export, graph, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

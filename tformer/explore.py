@@ -1,10 +1,13 @@
 """`tformer explore`: a local web page to translate sentences and look inside the model.
 
-    Explorer(translator or checkpoint)   a tformer.api.Translator and the limits; .translate(request) -> dict
-    make_server(explorer, host, port)    a ThreadingHTTPServer serving the page and the JSON API
-    serve(explorer, host, port)          run it until Ctrl-C
+    Explorer(translator or checkpoint)   a tformer.api.Translator and the limits
+      .check(request) -> Query           the request's fields checked (RequestError naming the field)
+      .answer(query) -> dict             the model's answer: runs the model (tformer serve runs it on its worker)
+      .translate(request) -> dict        both, in the calling thread
 
-HTTP API (JSON in, JSON out; errors are {"error": message} with status 400, 403, 404, 413, 415, 503 or 500):
+The page is served by tformer.serve (the same service as `tformer serve`, on 127.0.0.1 unless told
+otherwise), which adds these routes beside its own (errors are {"error": message} with status 400, 401, 403,
+404, 413, 415, 503, 504 or 500):
 
     GET  /                 the page (tformer/web/explorer.html: one file, no network resources)
     GET  /api/info         model shape (kinds, layers, heads), decoding defaults, input limits, examples
@@ -12,50 +15,33 @@ HTTP API (JSON in, JSON out; errors are {"error": message} with status 400, 403,
                            -> {"source": {...}, "hypotheses": [{"text", "score", "pieces", "labels",
                                "attention": {kind: [layer][head][query][key]}, "steps"}], "seconds": ...}
 
-Requests are served by threads (several at once); the model runs in one worker thread that takes them in
-turn: PyTorch already uses every core for one request, so on a CPU this is also the fastest order.
-Load is bounded twice: at most `Limits.max_queue` translations wait for the model (more get 503 with
-Retry-After at once, so memory and latency stay bounded), and at most `max_connections` connections are
-open (more get 503 before their request is read); a client has `_Handler.timeout` seconds to send one.
-
-The server binds 127.0.0.1 unless told otherwise: it has no authentication, so expose it to a network only
-behind something that does. Bound to loopback it answers only requests addressed to a loopback name (no DNS
-rebinding), and it takes only application/json posts (a cross-site form cannot post to it without the
-browser asking first, and it never says yes).
+Each translation runs alone on the server's one model thread (attention maps make it much heavier than a
+plain translation); at most `Limits.max_queue` sentences wait for the model (more get 503 with
+Retry-After). Bound to loopback, the server answers only requests addressed to a loopback name (no DNS
+rebinding), and /api/translate takes only application/json posts (a cross-site form cannot post to it without
+the browser asking first, and it never says yes).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import json
 import logging
-import re
-import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tformer.api import Translator, load
-from tformer.errors import ConfigError, TformerError
+from tformer.errors import ConfigError
 from tformer.inspection import KINDS
+from tformer.serve.requests import RequestError, Settings
 
 log = logging.getLogger("tformer")
 PAGE = Path(__file__).resolve().parent / "web" / "explorer.html"
 MAX_BODY = 64 * 1024  # bytes of one request
 FIELDS = {"text", "beam", "nbest", "target"}
-
-
-class RequestError(TformerError):
-    """A request the explorer refuses; the message is shown on the page."""
-
-    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["Explorer", "Limits", "PAGE", "Query", "RequestError", "server_settings"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +51,24 @@ class Limits:
     max_beam: int = 16
     max_nbest: int = 8
     max_queue: int = 8  # translations waiting for (or in) the model; more are answered 503 at once
+
+
+def server_settings(limits: Limits, max_connections: int = 64) -> Settings:
+    """The tformer.serve settings `tformer explore` runs its server with: the explorer's limits, 64 KiB bodies."""
+    return Settings(max_sentences=min(64, limits.max_queue), max_chars=limits.max_chars, max_tokens=limits.max_tokens,
+                    max_beam=limits.max_beam, max_nbest=limits.max_nbest, max_body=MAX_BODY,
+                    max_queue=limits.max_queue, max_connections=max_connections)
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """An explorer request, checked."""
+
+    text: str
+    beam: int
+    nbest: int
+    target: str | None  # a translation to force (score), or None: the model's n-best list
+    pieces: list[str]  # the source pieces
 
 
 class Explorer:
@@ -79,9 +83,6 @@ class Explorer:
                               "translates typed text. Use `tformer transcribe` for frame models")
         self.translator = translator
         self.limits = limits
-        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tformer-model")
-        self._pending = 0  # translations accepted and not yet answered
-        self._lock = threading.Lock()
         self.name = str(translator.path)
         self.examples = self._examples()
         d = translator.config.decode
@@ -155,35 +156,26 @@ class Explorer:
                  "steps": None if maps.steps is None else {"source": maps.steps[0], "target": maps.steps[1]}}
                 for hyp_text, score, pieces, maps in hyps]
 
-    def translate(self, request: Any) -> dict[str, Any]:
-        """Answer one /api/translate request (see the module docstring)."""
+    def check(self, request: Any) -> Query:
+        """An /api/translate request's fields and the source's length, checked (no model work)."""
         text, beam, nbest, target = self._parse(request)
         pieces = self.translator.pieces(self.translator.encode(text), "source")
         if len(pieces) > self.limits.max_tokens:
             raise RequestError(f"the sentence is {len(pieces)} pieces long; the limit is {self.limits.max_tokens} "
                                "(--max-tokens)")
+        return Query(text, beam, nbest, target, pieces)
+
+    def answer(self, query: Query, queued_seconds: float = 0.0) -> dict[str, Any]:
+        """The answer to a checked request (runs the model in this thread)."""
         tic = time.perf_counter()
-        started = []
+        hypotheses = self._run(query.text, query.beam, query.nbest, query.target)
+        return {"source": {"text": query.text, "pieces": query.pieces}, "hypotheses": hypotheses,
+                "decode": {"beam": query.beam, "nbest": query.nbest, "forced": query.target is not None},
+                "seconds": round(time.perf_counter() - tic, 4), "queued_seconds": round(queued_seconds, 4)}
 
-        def run():
-            started.append(time.perf_counter())
-            return self._run(text, beam, nbest, target)
-
-        with self._lock:
-            if self._pending >= self.limits.max_queue:
-                raise RequestError(f"busy: {self._pending} translations are waiting for the model (the limit is "
-                                   f"{self.limits.max_queue}, --max-queue); retry in a moment",
-                                   HTTPStatus.SERVICE_UNAVAILABLE)
-            self._pending += 1
-        try:
-            hypotheses = self.worker.submit(run).result()
-        finally:
-            with self._lock:
-                self._pending -= 1
-        waited = started[0] - tic
-        return {"source": {"text": text, "pieces": pieces}, "hypotheses": hypotheses,
-                "decode": {"beam": beam, "nbest": nbest, "forced": target is not None},
-                "seconds": round(time.perf_counter() - tic - waited, 4), "queued_seconds": round(waited, 4)}
+    def translate(self, request: Any) -> dict[str, Any]:
+        """Answer one /api/translate request (see the module docstring) in this thread."""
+        return self.answer(self.check(request))
 
 
 def _rounded(w: np.ndarray) -> list:
@@ -192,166 +184,3 @@ def _rounded(w: np.ndarray) -> list:
     if not np.isnan(values).any():
         return values.tolist()
     return np.where(np.isnan(values), None, values).tolist()
-
-
-# ------------------------------------------------------------------------------------------ HTTP
-
-
-LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    explorer: Explorer  # set on the subclass make_server builds
-    loopback_only = True  # answer only requests addressed to a loopback name (set by make_server)
-    server_version = "tformer-explore"
-    timeout = 20  # seconds a client may take to send its request (then the connection is closed)
-
-    def _host_ok(self) -> bool:
-        if not self.loopback_only:
-            return True
-        host = (self.headers.get("Host") or "").strip()
-        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        if name in LOOPBACK:
-            return True
-        self._json(HTTPStatus.FORBIDDEN, {"error": f"this explorer answers requests to 127.0.0.1 or localhost, not "
-                                                   f"{host!r}; start it with --host to serve other names"})
-        return False
-
-    def log_message(self, fmt: str, *args) -> None:  # through logging, not stderr
-        log.debug("explore %s %s", self.address_string(), fmt % args)
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        if status == HTTPStatus.SERVICE_UNAVAILABLE:
-            self.send_header("Retry-After", "1")
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, data: Any) -> None:
-        self._send(status, json.dumps(data, ensure_ascii=False).encode("utf-8"), "application/json; charset=utf-8")
-
-    def do_GET(self) -> None:  # noqa: N802
-        if not self._host_ok():
-            return
-        path = self.path.split("?", 1)[0]
-        if path in ("/", "/index.html"):
-            self._send(HTTPStatus.OK, PAGE.read_bytes(), "text/html; charset=utf-8")
-        elif path == "/api/info":
-            self._json(HTTPStatus.OK, self.explorer.info())
-        else:
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
-
-    def do_POST(self) -> None:  # noqa: N802
-        if not self._host_ok():
-            return
-        path = self.path.split("?", 1)[0]
-        if path != "/api/translate":
-            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
-            return
-        if (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
-            self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "post JSON with Content-Type: application/json"})
-            self.close_connection = True
-            return
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if length < 0 or length > MAX_BODY:
-            self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                       {"error": f"the request must have a Content-Length of at most {MAX_BODY} bytes"})
-            self.close_connection = True
-            return
-        try:
-            try:
-                request = json.loads(self.rfile.read(length).decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise RequestError(f"the request is not UTF-8 JSON ({e})") from None
-            self._json(HTTPStatus.OK, self.explorer.translate(request))
-        except RequestError as e:
-            self._json(e.status, {"error": str(e)})
-        except TformerError as e:  # what the API refused in the request: the input's fault
-            self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
-        except Exception as e:  # never take the server down; say what happened
-            log.exception("explore: request failed")
-            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(e).__name__}: {e}"})
-
-
-_BUSY = json.dumps({"error": "busy: too many open connections; retry in a moment"}).encode()
-BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json; charset=utf-8\r\n"
-                 b"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + str(len(_BUSY)).encode() +
-                 b"\r\n\r\n" + _BUSY)
-
-
-def _refuse(sock, deadline: float = 0.5) -> None:
-    """Answer 503 on a connection over the limit. The request is read first (headers and Content-Length
-    bytes, at most MAX_BODY + 16 KiB, at most `deadline` seconds: this runs in the accepting thread), so
-    closing does not reset the connection before the client has read the answer."""
-    end = time.monotonic() + deadline
-    data = b""
-    try:
-        while time.monotonic() < end and len(data) < MAX_BODY + (16 << 10):
-            head, sep, body = data.partition(b"\r\n\r\n")
-            if sep:
-                m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                if len(body) >= min(int(m.group(1)) if m else 0, MAX_BODY):
-                    break
-            sock.settimeout(max(end - time.monotonic(), 0.01))
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        sock.sendall(BUSY_RESPONSE)
-    except OSError:
-        pass
-
-
-class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` at once: the next one gets 503 and is closed
-    before its request is read (a flood of clients cannot exhaust threads or memory)."""
-
-    daemon_threads = True
-    request_queue_size = 128  # listen backlog: a burst waits in the kernel instead of being refused
-
-    def __init__(self, address, handler, max_connections: int) -> None:
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            _refuse(request)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000,
-                max_connections: int = 64) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"explorer": explorer, "loopback_only": host in LOOPBACK})
-    return _Server((host, port), handler, max_connections)
-
-
-def serve(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000, max_connections: int = 64) -> None:
-    server = make_server(explorer, host, port, max_connections)
-    shown = host if ":" not in host else f"[{host}]"
-    print(f"tformer explore: serving {explorer.name} at http://{shown}:{server.server_port}/  (Ctrl-C stops)",
-          flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()

@@ -16,7 +16,9 @@ def add_parser(sub) -> None:
                         description="Serve a web page for one checkpoint: type a sentence, get its translation "
                         "and n-best list with scores, and look at the attention of any hypothesis by kind, "
                         "layer and head, as a heatmap and as the bipartite token graph; universal transformers "
-                        "also show the ACT steps per token. Binds 127.0.0.1 (this machine only) by default.")
+                        "also show the ACT steps per token. Binds 127.0.0.1 (this machine only) by default. The "
+                        "same service as `tformer serve` (its JSON API answers here too), with the explorer's "
+                        "smaller limits.")
     sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     sp.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
@@ -27,14 +29,15 @@ def add_parser(sub) -> None:
     sp.add_argument("--max-queue", type=int, default=8, help="translations that may wait for the model; more are "
                     "answered 503 'busy' at once (default 8)")
     sp.add_argument("--max-connections", type=int, default=64, help="open connections; more are answered 503 "
-                    "before their request is read (default 64)")
+                    "(default 64)")
     common.overrides(sp, common.INFERENCE_OVERRIDES)
     sp.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tformer.errors import ConfigError
-    from tformer.explore import Explorer, Limits, serve
+    from tformer.explore import Explorer, Limits, server_settings
+    from tformer.serve import Server
 
     limits = Limits(args.max_chars, args.max_tokens, args.max_beam, args.max_nbest, args.max_queue)
     for name, value in {**dataclasses.asdict(limits), "max_connections": args.max_connections}.items():
@@ -45,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
         common.print_config(translator.config)
         return 0
     explorer = Explorer(translator, limits)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("explore: serving on %s: anyone who can reach this address can use the model (there is no "
-                    "authentication)", args.host)
-    serve(explorer, args.host, args.port, args.max_connections)
+    server = Server(translator, args.host, args.port, server_settings(limits, args.max_connections), explorer=explorer)
+    print(f"tformer explore: serving {explorer.name} at {server.url}  (Ctrl-C stops)", flush=True)
+    server.run()
     return 0

@@ -1,0 +1,497 @@
+"""tformer serve against oracles: every answer is what Translator.translate / score give for the same input,
+alone, whatever it was batched with; LibreTranslate's own client works unchanged; every bad input gets a
+clear 4xx (or 503/504) and the server goes on serving; SIGTERM answers every accepted request, then exits.
+
+The model is the committed tests/fixtures/checkpoint_v1 (a tiny en -> "de" model with real SentencePiece
+pieces and outputs of varied lengths): nothing is trained here. Servers run in-process (uvicorn in a thread,
+port 0) or, for the command line and shutdown, as subprocesses.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import tformer
+from tformer.serve import Server, Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+V1 = ROOT / "tests" / "fixtures" / "checkpoint_v1"
+CHECKPOINT = V1 / "checkpoint"
+LINES = (V1 / "input.en").read_text(encoding="utf-8").splitlines()  # 20 sentences, "a", "", one more
+
+
+@pytest.fixture(scope="module")
+def translator():
+    return tformer.load(CHECKPOINT, device="cpu")
+
+
+def _wait(predicate, seconds: float = 20.0) -> None:
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def live(translator, **settings):
+    """An in-process server on 127.0.0.1, any free port: yields (server, base URL)."""
+    server = Server(translator, "127.0.0.1", 0, Settings(**settings))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _wait(lambda: server.started)
+    try:
+        yield server, server.url.rstrip("/")
+    finally:
+        server.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def server(translator):
+    """Small limits, so that each can be tried."""
+    with live(translator, max_sentences=8, max_chars=200, max_tokens=40, max_beam=6, max_nbest=4,
+              max_body=16 * 1024, max_queue=64) as s:
+        yield s
+
+
+def _decoded(data: bytes):
+    try:
+        return json.loads(data)
+    except ValueError:
+        return {"error": data.decode("utf-8", "replace")}
+
+
+def call(url: str, path: str, body=None, *, raw: bytes | None = None, content_type: str = "application/json",
+         headers: dict | None = None, method: str | None = None, timeout: float = 60):
+    """(status, decoded JSON answer, headers)."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    head = {"Content-Type": content_type} if data is not None else {}
+    req = urllib.request.Request(url + path, data=data, method=method, headers={**head, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, _decoded(r.read()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, _decoded(e.read()), e.headers
+
+
+def expected(translator, sources, beam=None, nbest=None, prefix=None, alignment=False):
+    """What /v1/translate must answer, by the library."""
+    out = translator.translate(sources, beam=beam, nbest=nbest, prefix=prefix, alignment=alignment)
+    return [[(h.text, h.score) for h in t.hypotheses] for t in out]
+
+
+def served(answer: dict, nbest: bool) -> list[list[tuple[str, float]]]:
+    return [[(h["text"], h["score"]) for h in t["hypotheses"]] if nbest else [(t["text"], t["score"])]
+            for t in answer["translations"]]
+
+
+def same(got, want) -> None:
+    """Identical texts, scores within 1e-4."""
+    assert [[text for text, _ in t] for t in got] == [[text for text, _ in t] for t in want]
+    for g, w in zip(got, want):
+        assert [s for _, s in g] == pytest.approx([s for _, s in w], abs=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ answers
+
+
+@pytest.mark.parametrize("options", [{}, {"beam": 4, "nbest": 3}, {"beam": 5}])
+def test_translation_is_the_translators(translator, server, options):
+    _, url = server
+    for start in range(0, len(LINES), 8):
+        lines = LINES[start:start + 8]
+        status, out, _ = call(url, "/v1/translate", {"src": lines, **options})
+        assert status == 200, out
+        nbest = options.get("nbest", 1) > 1
+        want = expected(translator, lines, **options)
+        same(served(out, nbest), want if nbest else [w[:1] for w in want])
+        assert all(("hypotheses" in t) == nbest for t in out["translations"])
+
+
+def test_prefixes_and_alignment_are_the_translators(translator, server):
+    _, url = server
+    lines, prefix = LINES[:4] + [""], ["MAN", None, "SMALL MAN", None, None]
+    status, out, _ = call(url, "/v1/translate", {"src": lines, "beam": 4, "nbest": 2, "prefix": prefix,
+                                                 "alignment": True})
+    assert status == 200, out
+    want = translator.translate(lines, beam=4, nbest=2, prefix=prefix, alignment=True)
+    for got, t, p in zip(out["translations"], want, prefix):
+        assert got["text"] == t.text and got["text"].startswith(p or "")
+        assert got["source_tokens"] == t.source_tokens and len(got["hypotheses"]) == len(t.hypotheses)
+        for g, h in zip(got["hypotheses"], t.hypotheses):
+            assert g["text"] == h.text and g["tokens"] == h.tokens and g["score"] == pytest.approx(h.score, abs=1e-4)
+            assert g["alignment"] == [list(pair) for pair in h.alignment]
+        assert got["alignment"] == got["hypotheses"][0]["alignment"] and got["tokens"] == t.tokens
+    assert out["translations"][1]["alignment"]  # a real sentence has one
+
+
+def test_score_is_the_translators(translator, server):
+    _, url = server
+    src, tgt = LINES[:5], ["MAN SEES", "DOG CAT RUNS", "", "DOG", "BIG SMALL WOMAN RED"]
+    status, out, _ = call(url, "/v1/score", {"src": src, "tgt": tgt})
+    assert status == 200, out
+    for got, want in zip(out["scores"], translator.score(src, tgt)):
+        assert got["tokens"] == want.tokens and got["tokens"][-1] == "</s>"
+        assert got["log_prob"] == pytest.approx(want.log_prob, abs=1e-4)
+        assert got["token_log_probs"] == pytest.approx(want.token_log_probs, abs=1e-4)
+
+
+def test_an_answer_does_not_depend_on_what_it_was_batched_with(translator):
+    """24 requests at once (mixed settings, prefixes, lengths) on a server that waits 300 ms to fill a batch:
+    each answer equals its request translated alone by the library, and requests did share model calls."""
+    jobs = []
+    for i in range(24):
+        lines = [LINES[(i * 5 + j) % 20] for j in range(1 + i % 5)]
+        options = [{"beam": 4, "nbest": 2}, {}, {"beam": 4}][i % 3]
+        if i % 3 == 2 and i % 2:
+            options = {**options, "prefix": [None if j % 2 else LINES[j % 20].upper().split()[0] for j in
+                                             range(len(lines))]}
+        jobs.append({"src": lines, **options})
+    alone = [expected(translator, j["src"], j.get("beam"), j.get("nbest"), j.get("prefix")) for j in jobs]
+    with live(translator, max_wait_ms=300, batch_tokens=4096) as (srv, url):
+        barrier = threading.Barrier(len(jobs))
+
+        def send(job):
+            barrier.wait()
+            return call(url, "/v1/translate", job)
+
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+            results = list(pool.map(send, jobs))
+        stats = srv.service.batcher.stats
+    for job, want, (status, out, _) in zip(jobs, alone, results):
+        assert status == 200, out
+        nbest = job.get("nbest", 1) > 1
+        same(served(out, nbest), want if nbest else [w[:1] for w in want])
+    assert stats.jobs == len(jobs) and stats.batches < len(jobs) // 2  # requests shared model calls
+    assert stats.largest_batch > 5  # more sentences than any one request has
+
+
+def test_health_info_and_page(translator, server):
+    srv, url = server
+    status, health, _ = call(url, "/v1/health")
+    assert status == 200 and health["status"] == "ok" and health["pending_sentences"] == 0
+    status, info, headers = call(url, "/v1/info")
+    assert status == 200 and headers["Cache-Control"] == "no-store"
+    assert info["languages"] == {"source": "en", "target": "de"}
+    assert info["vocab"] == {"source": len(translator.source_tokenizer.vocab),
+                             "target": len(translator.target_tokenizer.vocab)}
+    assert info["model"]["d_model"] == 16 and info["model"]["encoder_layers"] == 1
+    assert info["decode"]["strategy"] == "greedy" and info["decode"]["beam_size"] == 5
+    assert info["limits"]["max_sentences"] == 8 and "api_key" not in info["limits"]
+    assert info["batching"]["max_wait_ms"] == 5.0 and info["batching"]["batch_tokens"] == 4096
+    with urllib.request.urlopen(url + "/", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/html") and b'id="heatmap"' in r.read()
+    status, out, _ = call(url, "/api/translate", {"text": LINES[0], "beam": 2, "nbest": 1})
+    assert status == 200 and out["hypotheses"][0]["text"] == translator.translate([LINES[0]], beam=2)[0].text
+
+
+def test_a_keep_alive_client_gets_every_answer_on_one_connection(translator, server):
+    import httpx
+
+    _, url = server
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for line in LINES[:10]:
+            r = client.post("/v1/translate", json={"src": [line], "beam": 3})
+            assert r.status_code == 200 and r.json()["translations"][0]["text"] == \
+                translator.translate([line], beam=3)[0].text
+        assert client.post("/v1/translate", content=b"{", headers={"Content-Type": "application/json"}
+                           ).status_code == 400
+        assert client.get("/v1/health").json()["status"] == "ok"
+
+
+# ------------------------------------------------------------------------------------------ LibreTranslate
+
+
+def test_libretranslate_client_works_unchanged(translator, server):
+    from libretranslatepy import LibreTranslateAPI
+
+    _, url = server
+    client = LibreTranslateAPI(url)
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["de"]},
+                                  {"code": "de", "name": "German", "targets": []}]
+    for line in LINES[:3]:
+        assert client.translate(line, "en", "de") == translator.translate([line])[0].text
+    assert client.translate(LINES[3], "auto", "de") == translator.translate([LINES[3]])[0].text
+    with pytest.raises(urllib.error.HTTPError) as e:
+        client.translate(LINES[0], "en", "fr")
+    assert e.value.code == 400 and "this server translates en to de" in json.loads(e.value.read())["error"]
+
+
+def test_libretranslate_json_lists_lines_and_alternatives(translator, server):
+    _, url = server
+    status, out, _ = call(url, "/translate", {"q": LINES[:3], "source": "en", "target": "de", "format": "text"})
+    assert status == 200 and out == {"translatedText": [t.text for t in translator.translate(LINES[:3])]}
+    status, out, _ = call(url, "/translate", {"q": f"{LINES[0]}\n\n{LINES[1]}", "source": "en", "target": "de"})
+    want = translator.translate([LINES[0], "", LINES[1]])
+    assert status == 200 and out["translatedText"] == "\n".join(t.text for t in want)
+    status, out, _ = call(url, "/translate", {"q": LINES[4], "source": "en", "target": "de", "alternatives": 2})
+    want = translator.translate([LINES[4]], beam=5, nbest=3)[0]
+    assert status == 200 and out == {"translatedText": want.text, "alternatives": [h.text for h in want.hypotheses[1:]]}
+    form = urllib.parse.urlencode([("q", LINES[0]), ("q", LINES[1]), ("source", "en"), ("target", "de")]).encode()
+    status, out, _ = call(url, "/translate", raw=form, content_type="application/x-www-form-urlencoded")
+    assert status == 200 and out["translatedText"] == [t.text for t in translator.translate(LINES[:2])]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"q": "a", "source": "fr", "target": "de"}, "source: 'fr' is not a language of this model"),
+    ({"q": "a", "source": "en"}, "target: missing"),
+    ({"q": "a", "source": "en", "target": "de", "format": "html"}, "format: 'html' is not supported"),
+    ({"q": 5, "source": "en", "target": "de"}, "q: must be a string"),
+    ({"q": [], "source": "en", "target": "de"}, "q: an empty list"),
+    ({"source": "en", "target": "de"}, "q: missing"),
+    ({"q": "a", "source": "en", "target": "de", "alternatives": 9}, "alternatives: must be a whole number from 0 to 3"),
+    ({"q": "a", "source": "en", "target": "de", "colour": 1}, "unknown field(s) colour"),
+    ({"q": "\n".join(["a"] * 9), "source": "en", "target": "de"}, "--max-sentences"),
+])
+def test_libretranslate_bad_requests(server, body, message):
+    _, url = server
+    status, out, _ = call(url, "/translate", body)
+    assert status == 400 and message in out["error"], out
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/v1/translate", {"src": "a b"}, 400, "src: must be a list of strings, got a string; wrap one sentence"),
+    ("/v1/translate", {"src": ["a", "b", "c", 3]}, 400, "src[3]: must be a string, got a number"),
+    ("/v1/translate", {"src": []}, 400, "src: an empty list"),
+    ("/v1/translate", {}, 400, "src: missing"),
+    ("/v1/translate", ["a"], 400, "must be a JSON object"),
+    ("/v1/translate", {"src": ["a"], "colour": 1}, 400, "unknown field(s) colour"),
+    ("/v1/translate", {"src": ["a"] * 9}, 400, "9 sentences; a request may have at most 8 (--max-sentences)"),
+    ("/v1/translate", {"src": ["a" * 201]}, 400, "src[0]: 201 characters; the limit is 200 (--max-chars)"),
+    ("/v1/translate", {"src": ["dog " * 45]}, 400, "the limit is 40 (--max-tokens)"),
+    ("/v1/translate", {"src": ["a"], "prefix": ["MAN " * 45]}, 400, "prefix[0]:"),
+    ("/v1/translate", {"src": ["a"], "prefix": ["a", "b"]}, 400, "prefix: must be a list with one string"),
+    ("/v1/translate", {"src": ["a"], "prefix": [3]}, 400, "prefix[0]: must be a string"),
+    ("/v1/translate", {"src": ["a"], "beam": 7}, 400, "beam: must be a whole number from 1 to 6 (--max-beam)"),
+    ("/v1/translate", {"src": ["a"], "beam": "5"}, 400, "beam: must be a whole number"),
+    ("/v1/translate", {"src": ["a"], "beam": True}, 400, "beam: must be a whole number"),
+    ("/v1/translate", {"src": ["a"], "beam": 2, "nbest": 3}, 400, "nbest: 3 hypotheses cannot come from a beam of 2"),
+    ("/v1/translate", {"src": ["a"], "nbest": 2}, 400, "nbest: 2 hypotheses need beam search"),  # greedy default
+    ("/v1/translate", {"src": ["a"], "alignment": "yes"}, 400, "alignment: must be true or false"),
+    ("/v1/score", {"src": ["a"], "tgt": ["A", "B"]}, 400, "2 targets for 1 sources"),
+    ("/v1/score", {"src": [""], "tgt": ["A"]}, 400, "src[0]: empty"),
+    ("/v1/score", {"src": ["a"]}, 400, "tgt: missing"),
+    ("/v1/score", {"src": ["a"], "tgt": ["A"], "beam": 2}, 400, "unknown field(s) beam"),
+])
+def test_bad_requests_get_a_4xx_naming_the_field(server, path, body, status, message):
+    _, url = server
+    got, out, _ = call(url, path, body)
+    assert got == status and message in out["error"], out
+
+
+def test_transport_errors_and_the_server_goes_on(translator, server):
+    _, url = server
+    status, out, _ = call(url, "/v1/translate", raw=b'{"src": ["a"')
+    assert status == 400 and "not UTF-8 JSON" in out["error"] and "line 1" in out["error"]
+    status, out, _ = call(url, "/v1/translate", raw=b'{"src": ["\xff\xfe"]}')
+    assert status == 400 and "not UTF-8" in out["error"] and "byte 10" in out["error"]
+    status, out, _ = call(url, "/v1/translate", raw=b'{"src": ["a"], "beam": NaN}')
+    assert status == 400 and "NaN is not a JSON number" in out["error"]
+    status, out, _ = call(url, "/v1/translate", raw=b"[" * 5000 + b"]" * 5000)
+    assert status == 400 and "nested too deeply" in out["error"]
+    status, out, _ = call(url, "/v1/translate", raw=b'{"src": ["a"]}', content_type="text/plain")
+    assert status == 415 and "application/json" in out["error"]
+    status, out, _ = call(url, "/v1/translate", raw=b"src=a", content_type="application/x-www-form-urlencoded")
+    assert status == 415  # what a cross-site form could send
+    status, out, _ = call(url, "/nope")
+    assert status == 404 and "no such endpoint: GET /nope" in out["error"]
+    status, out, _ = call(url, "/v1/translate")
+    assert status == 405 and out["error"]
+    status, out, _ = call(url, "/v1/info", headers={"Host": "attacker.example:8000"})  # DNS rebinding
+    assert status == 403 and "127.0.0.1 or localhost" in out["error"]
+    assert call(url.replace("127.0.0.1", "localhost"), "/v1/health")[0] == 200
+    status, out, _ = call(url, "/v1/translate", {"src": [LINES[0]]})
+    assert status == 200 and out["translations"][0]["text"] == translator.translate([LINES[0]])[0].text
+
+
+def _raw_http(port: int, data: bytes, wait: float = 10) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(data)
+        reply = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                reply += chunk
+                if b"\r\n\r\n" in reply and b"}" in reply:
+                    break
+    return reply
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(server):
+    srv, url = server
+    head = (b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 50000000\r\n\r\n")
+    reply = _raw_http(srv.port, head)  # 50 MB announced, none sent: the answer comes from the header alone
+    assert reply.startswith(b"HTTP/1.1 413") and b"at most 16384 bytes" in reply
+    chunk = b'{"src": ["' + b"a" * 20_000 + b'"]}'
+    chunked = (b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n" + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n")
+    reply = _raw_http(srv.port, chunked)  # no Content-Length: read until over the limit
+    assert reply.startswith(b"HTTP/1.1 413") and b"longer than 16384 bytes" in reply
+    assert call(url, "/v1/translate", {"src": ["a"]})[0] == 200
+
+
+# ------------------------------------------------------------------------------------------ load, time, clients
+
+
+@contextlib.contextmanager
+def _gate(srv):
+    """Keep the model worker busy until the yielded event is set (at the latest when the block ends)."""
+    gate = threading.Event()
+    srv.service.batcher.call(gate.wait, sentences=0)
+    try:
+        _wait(lambda: srv.service.batcher.snapshot()["queued_jobs"] == 0)  # the worker is inside it
+        yield gate
+    finally:
+        gate.set()
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_recovers(translator):
+    with live(translator, max_sentences=4, max_queue=4) as (srv, url), _gate(srv) as gate:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(call, url, "/v1/translate", {"src": LINES[:4]})
+            _wait(lambda: srv.service.batcher.pending == 4)
+            status, out, headers = call(url, "/v1/translate", {"src": [LINES[5]]})
+            assert status == 503 and "busy: 4 sentences are waiting" in out["error"] and headers["Retry-After"] == "1"
+            gate.set()
+            status, out, _ = waiting.result(timeout=60)
+        assert status == 200 and [t["text"] for t in out["translations"]] == \
+            [t.text for t in translator.translate(LINES[:4])]
+        assert call(url, "/v1/translate", {"src": [LINES[5]]})[0] == 200
+
+
+def test_a_request_past_its_timeout_gets_504_and_its_queued_work_is_dropped(translator):
+    with live(translator, timeout=0.5) as (srv, url), _gate(srv) as gate:
+        tic = time.monotonic()
+        status, out, _ = call(url, "/v1/translate", {"src": LINES[:3]})
+        assert status == 504 and "no answer within 0.5 s (--timeout)" in out["error"]
+        assert "dropped from the queue" in out["error"] and time.monotonic() - tic < 5
+        stats = srv.service.batcher.stats
+        assert srv.service.batcher.pending == 0 and stats.dropped == 1
+        gate.set()
+        assert call(url, "/v1/translate", {"src": [LINES[0]]})[0] == 200
+        assert stats.jobs == 2 and stats.sentences == 1  # the gate and the last request: the dropped one never ran
+
+
+def test_a_client_that_disconnects_has_its_work_dropped(translator):
+    with live(translator) as (srv, url), _gate(srv) as gate:
+        body = json.dumps({"src": LINES[:5], "beam": 4}).encode()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        _wait(lambda: srv.service.batcher.pending == 5)
+        s.close()
+        _wait(lambda: srv.service.batcher.pending == 0)
+        assert srv.service.batcher.stats.dropped == 1
+        gate.set()
+        status, out, _ = call(url, "/v1/translate", {"src": LINES[:2]})
+        assert status == 200 and [t["text"] for t in out["translations"]] == \
+            [t.text for t in translator.translate(LINES[:2])]
+        assert srv.service.batcher.stats.sentences == 2  # the gate's 0, this request's 2: not the dropped 5
+
+
+def test_api_key(translator, monkeypatch):
+    from libretranslatepy import LibreTranslateAPI
+
+    with live(translator, api_key="s3cret") as (_, url):
+        status, out, headers = call(url, "/v1/translate", {"src": ["a"]})
+        assert status == 401 and "needs an API key" in out["error"] and headers["WWW-Authenticate"].startswith("Bearer")
+        status, out, _ = call(url, "/v1/translate", {"src": ["a"]}, headers={"Authorization": "Bearer wrong"})
+        assert status == 403 and "not valid" in out["error"]
+        assert call(url, "/v1/translate", {"src": ["a"]}, headers={"Authorization": "Bearer s3cret"})[0] == 200
+        assert call(url, "/v1/translate", {"src": ["a"]}, headers={"X-API-Key": "s3cret"})[0] == 200
+        assert call(url, "/v1/info")[0] == 401 and call(url, "/api/info")[0] == 401
+        assert call(url, "/v1/health")[0] == 200  # for load balancers; and /languages, as LibreTranslate does
+        assert LibreTranslateAPI(url).languages()[0]["code"] == "en"
+        assert LibreTranslateAPI(url, api_key="s3cret").translate(LINES[0], "en", "de") == \
+            translator.translate([LINES[0]])[0].text
+        for key, code in ((None, 401), ("wrong", 403)):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                LibreTranslateAPI(url, api_key=key).translate(LINES[0], "en", "de")
+            assert e.value.code == code
+
+
+def test_binding_beyond_loopback_without_a_key_warns(translator, caplog):
+    with caplog.at_level(logging.WARNING, logger="tformer"):
+        srv = Server(translator, "127.0.0.2", 0, Settings())  # loopback, but not a name the Host check knows
+    srv.socket.close()
+    srv.service.batcher.close()
+    assert "without an API key" in caplog.text
+    with pytest.raises(tformer.ConfigError, match="--max-queue"):
+        Settings(max_queue=4, max_sentences=8)
+    with pytest.raises(tformer.ConfigError, match="--max-wait-ms"):
+        Settings(max_wait_ms=-1)
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+def _start(*options: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tformer", "serve", "--checkpoint", str(CHECKPOINT), "--port", "0",
+                             *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    line = proc.stdout.readline()
+    match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+    if not match:
+        proc.kill()
+        pytest.fail(line + proc.stderr.read())
+    return proc, f"http://127.0.0.1:{match.group(1)}"
+
+
+def test_sigterm_answers_every_accepted_request_then_exits(translator):
+    """The server holds 6 requests (waiting 3 s to fill a batch) when SIGTERM comes: it stops accepting
+    connections at once, answers all 6 correctly, and exits 0."""
+    proc, url = _start("--max-wait-ms", "3000")
+    try:
+        jobs = [LINES[3 * i:3 * i + 3] for i in range(6)]
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+            futures = [pool.submit(call, url, "/v1/translate", {"src": lines, "beam": 3}) for lines in jobs]
+            _wait(lambda: call(url, "/v1/health")[1]["pending_sentences"] == 18)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            with pytest.raises(OSError):  # no new connections
+                socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5).close()
+            for lines, f in zip(jobs, futures):
+                status, out, _ = f.result(timeout=60)
+                assert status == 200 and [t["text"] for t in out["translations"]] == \
+                    [t.text for t in translator.translate(lines, beam=3)]
+        assert proc.wait(timeout=30) == 0
+        assert "tformer serve: stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_command_checks_its_options_takes_the_key_from_the_environment_and_stops_on_ctrl_c(translator):
+    bad = subprocess.run([sys.executable, "-m", "tformer", "serve", "--checkpoint", str(CHECKPOINT), "--max-queue",
+                          "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-queue must be a whole number >= 1" in bad.stderr
+    proc, url = _start("--max-sentences", "2", env={"TFORMER_API_KEY": "k"})
+    try:
+        assert call(url, "/v1/translate", {"src": LINES[:2]})[0] == 401
+        status, out, _ = call(url, "/v1/translate", {"src": LINES[:3]}, headers={"X-API-Key": "k"})
+        assert status == 400 and "(--max-sentences)" in out["error"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

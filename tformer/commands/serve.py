@@ -1,0 +1,75 @@
+"""tformer serve: a batching HTTP translation service (own JSON API, LibreTranslate's API, the explorer page)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from tformer.commands import common
+
+log = logging.getLogger("tformer")
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("serve", help="an HTTP translation service that batches requests from many clients",
+                        description="Serve one checkpoint over HTTP: POST /v1/translate and /v1/score (JSON), "
+                        "LibreTranslate's POST /translate and GET /languages, GET /v1/health and /v1/info, and the "
+                        "explorer page at /. Sentences from concurrent requests with the same decoding settings "
+                        "are decoded together by one model thread; answers never depend on it. Binds 127.0.0.1 "
+                        "(this machine only) by default. SIGTERM or Ctrl-C: stop accepting, answer what was "
+                        "accepted, exit.")
+    sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
+    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sp.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    sp.add_argument("--api-key", default=os.environ.get("TFORMER_API_KEY") or None,
+                    help="a key every request must carry ('Authorization: Bearer KEY', 'X-API-Key: KEY' or "
+                    "LibreTranslate's api_key); default $TFORMER_API_KEY, else none. The variable keeps it out of "
+                    "the process list")
+    g = sp.add_argument_group("batching")
+    g.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the model waits for more requests to "
+                   "fill a batch (default 5; 0: decode what is queued at once)")
+    g.add_argument("--batch-tokens", type=int, default=4096, help="padded source tokens (sentences x longest) per "
+                   "model call, also decode.batch_tokens (default 4096)")
+    g.add_argument("--int8", action="store_true", help="run the linear layers with dynamic int8 quantization (CPU; "
+                   "faster, results may differ slightly); same as decode.quantize=int8")
+    g = sp.add_argument_group("limits (each refused with a status naming it)")
+    g.add_argument("--max-sentences", type=int, default=64, help="sentences per request (default 64)")
+    g.add_argument("--max-chars", type=int, default=1000, help="characters per sentence or prefix (default 1000)")
+    g.add_argument("--max-tokens", type=int, default=256, help="pieces per sentence or prefix (default 256)")
+    g.add_argument("--max-beam", type=int, default=16, help="largest beam a request may ask for (default 16)")
+    g.add_argument("--max-nbest", type=int, default=8, help="most hypotheses a request may ask for (default 8)")
+    g.add_argument("--max-body", type=int, default=1 << 20, help="bytes per request body; more: 413 before it is "
+                   "read (default 1 MiB)")
+    g.add_argument("--max-queue", type=int, default=512, help="sentences waiting for the model; more: 503 with "
+                   "Retry-After (default 512)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait for its answer: then 504, "
+                   "and its work is dropped if not started (default 60)")
+    g.add_argument("--max-connections", type=int, default=256, help="open connections; more: 503 (default 256)")
+    common.overrides(sp, common.INFERENCE_OVERRIDES)
+    sp.set_defaults(func=run)
+
+
+def settings(args: argparse.Namespace):
+    """The Settings the flags ask for (checked: a ConfigError names the flag)."""
+    from tformer.serve import Settings
+
+    return Settings(max_sentences=args.max_sentences, max_chars=args.max_chars, max_tokens=args.max_tokens,
+                    max_beam=args.max_beam, max_nbest=args.max_nbest, max_body=args.max_body,
+                    max_queue=args.max_queue, timeout=args.timeout, max_wait_ms=args.max_wait_ms,
+                    batch_tokens=args.batch_tokens, max_connections=args.max_connections, api_key=args.api_key)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tformer.serve import Server
+
+    chosen = settings(args)
+    translator = common.load_translator(args)
+    if args.print_config:
+        common.print_config(translator.config)
+        return 0
+    server = Server(translator, args.host, args.port, chosen)
+    print(f"tformer serve: serving {translator.path} at {server.url}  (Ctrl-C or SIGTERM stops)", flush=True)
+    server.run()
+    print("tformer serve: stopped", flush=True)
+    return 0

@@ -1,0 +1,304 @@
+"""What a request may ask of the server, and reading it: the limits (Settings), request bodies (JSON or a form)
+read within a byte limit, and the fields of /v1/translate and /v1/score checked one by one into small typed
+requests. Nothing here runs the model; every refusal is a RequestError naming the field and the limit.
+
+    read_body(request, limit)              -> bytes, or 413 from the Content-Length alone
+    parse_json(body) / parse_form(body)    -> the value, or 400 naming what is wrong
+    translate_request(body, translator, settings)  -> TranslateRequest (sources, prefixes, decoding settings)
+    score_request(body, translator, settings)      -> ScoreRequest
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import urllib.parse
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from starlette.requests import Request
+
+from tformer.api import Translator
+from tformer.config import DecodeConfig
+from tformer.errors import ConfigError, TformerError
+
+TRANSLATE_FIELDS = ("src", "beam", "nbest", "prefix", "alignment")
+SCORE_FIELDS = ("src", "tgt")
+
+
+class RequestError(TformerError):
+    """A request the server refuses: `status` is its HTTP status (4xx, or 503 when busy), the message says
+    which field or limit and what to do."""
+
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = int(status)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one server accepts and how it batches. Each limit is refused with a status naming it."""
+
+    max_sentences: int = 64  # sentences in one request
+    max_chars: int = 1000  # characters of one sentence, prefix or target
+    max_tokens: int = 256  # pieces of one sentence, prefix or target
+    max_beam: int = 16
+    max_nbest: int = 8
+    max_body: int = 1 << 20  # bytes of one request body: more is refused (413) before it is read
+    max_queue: int = 512  # sentences waiting for (or in) the model; more: 503 with Retry-After at once
+    timeout: float = 60.0  # seconds a request may wait for its answer: then 504 (work not yet started is dropped)
+    max_wait_ms: float = 5.0  # how long the model worker waits for more requests to fill a batch
+    batch_tokens: int = 4096  # padded source tokens (sentences x longest) in one model call
+    max_connections: int = 256  # open connections; the next one is answered 503
+    api_key: str | None = field(default=None, repr=False)  # needed on every route but /v1/health, /languages
+
+    def __post_init__(self) -> None:
+        for name in ("max_sentences", "max_chars", "max_tokens", "max_beam", "max_nbest", "max_body", "max_queue",
+                     "batch_tokens", "max_connections"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{_flag(name)} must be a whole number >= 1, got {value!r}")
+        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
+            raise ConfigError(f"--timeout must be a number of seconds > 0, got {self.timeout!r}")
+        if not (isinstance(self.max_wait_ms, (int, float)) and 0 <= self.max_wait_ms <= 10_000):
+            raise ConfigError(f"--max-wait-ms must be from 0 to 10000 milliseconds, got {self.max_wait_ms!r}")
+        if self.max_queue < self.max_sentences:
+            raise ConfigError(f"--max-queue ({self.max_queue}) must be at least --max-sentences "
+                              f"({self.max_sentences}): a full request must fit in the queue")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ConfigError("the API key (--api-key, TFORMER_API_KEY) must be a non-empty string")
+
+    def limits(self) -> dict[str, Any]:
+        """The limits and batching settings a client may read (/v1/info); never the API key."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# ------------------------------------------------------------------------------------------ bodies
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes: a larger Content-Length is refused (413) before any of it is
+    read, and a body without one stops being read once over the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise RequestError(f"Content-Length must be a number of bytes, got {declared!r}")
+        if int(declared) > limit:
+            raise RequestError(f"the request body has {int(declared)} bytes; a request may have at most {limit} "
+                               "bytes", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"the request body is longer than {limit} bytes; a request may have at most "
+                               f"{limit} bytes", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"the request body is not UTF-8 JSON or text: byte {e.start} is "
+                           f"{body[e.start:e.start + 1]!r}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(body: bytes) -> Any:
+    """A JSON body (UTF-8; no NaN or Infinity), or a 400 saying where it breaks."""
+    text = _text(body)
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise RequestError(f"the request body is not UTF-8 JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+                           ) from None
+    except ValueError as e:
+        raise RequestError(f"the request body is not UTF-8 JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("the request body is not UTF-8 JSON this server reads: nested too deeply") from None
+
+
+def parse_form(body: bytes) -> dict[str, str | list[str]]:
+    """An application/x-www-form-urlencoded body: each field's value, or the list of values of a field given
+    more than once."""
+    try:
+        pairs = urllib.parse.parse_qsl(_text(body), keep_blank_values=True, errors="strict", max_num_fields=1000)
+    except UnicodeDecodeError:
+        raise RequestError("the form is not UTF-8: a %-escaped value is not a UTF-8 byte sequence") from None
+    except ValueError as e:
+        raise RequestError(f"the form cannot be read: {e}") from None
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            out[key] = (out[key] if isinstance(out[key], list) else [out[key]]) + [value]
+        else:
+            out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------ fields
+
+
+def check_object(body: Any, fields: tuple[str, ...], example: str) -> dict[str, Any]:
+    """`body` as a JSON object with only known fields."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request must be a JSON object such as {example}, got {_kind(body)}")
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(unknown)}; the fields are {', '.join(fields)}")
+    return body
+
+
+def whole(body: dict[str, Any], name: str, low: int, high: int, flag: str) -> int | None:
+    """An optional whole-number field within [low, high]."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestError(f"{name}: must be a whole number from {low} to {high} ({flag}), got {value!r}")
+    return value
+
+
+def flag_field(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise RequestError(f"{name}: must be true or false, got {value!r}")
+    return value
+
+
+def sentences(value: Any, name: str, settings: Settings) -> list[str]:
+    """A non-empty list of at most max_sentences strings of at most max_chars characters."""
+    if value is None:
+        raise RequestError(f"{name}: missing; give a list of sentences, {name}: [\"...\"]")
+    if not isinstance(value, list):
+        hint = f"; wrap one sentence in a list, {name}: [\"...\"]" if isinstance(value, str) else ""
+        raise RequestError(f"{name}: must be a list of strings, got {_kind(value)}{hint}")
+    if not value:
+        raise RequestError(f"{name}: an empty list; give at least one sentence")
+    if len(value) > settings.max_sentences:
+        raise RequestError(f"{name}: {len(value)} sentences; a request may have at most {settings.max_sentences} "
+                           "(--max-sentences): split it into several requests")
+    for i, s in enumerate(value):
+        check_text(s, f"{name}[{i}]", settings)
+    return value
+
+
+def check_text(value: Any, where: str, settings: Settings) -> str:
+    if not isinstance(value, str):
+        raise RequestError(f"{where}: must be a string, got {_kind(value)}")
+    if len(value) > settings.max_chars:
+        raise RequestError(f"{where}: {len(value)} characters; the limit is {settings.max_chars} (--max-chars)")
+    return value
+
+
+def pieces(translator: Translator, text: str, where: str, side: str, settings: Settings) -> int:
+    """The number of pieces `text` becomes, within max_tokens."""
+    n = len(translator.encode(text, side))
+    if n > settings.max_tokens:
+        raise RequestError(f"{where}: {n} {side} pieces; the limit is {settings.max_tokens} (--max-tokens): split "
+                           "it into shorter sentences")
+    return n
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+# ------------------------------------------------------------------------------------------ requests
+
+
+@dataclass(frozen=True)
+class TranslateRequest:
+    """Sentences to translate with one decoding setting; `decode` (resolved on the server's defaults) and
+    `alignment` decide which requests may share a model call."""
+
+    sources: list[str]
+    prefixes: list[str | None] | None  # one per source (None: none), or None for no prefixes at all
+    beam: int | None  # as asked (None: the server's default)
+    nbest: int | None
+    alignment: bool
+    decode: DecodeConfig
+    widths: list[int]  # source pieces + </s> per sentence: what the batch's token budget counts
+
+    @property
+    def key(self) -> tuple[DecodeConfig, bool] | None:
+        """Requests with equal keys may be decoded together; None: alone (sampling seeds by batch position)."""
+        return None if self.decode.strategy == "sample" else (self.decode, self.alignment)
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    sources: list[str]
+    targets: list[str]
+    widths: list[int]  # the longer side + 1 per pair
+
+
+def decode_settings(translator: Translator, beam: int | None, nbest: int | None) -> DecodeConfig:
+    """The server's decoding defaults with the request's beam and nbest, or a 400 saying why not."""
+    defaults = translator.config.decode
+    strategy = defaults.strategy if beam is None else "greedy" if beam == 1 else "beam"
+    size = defaults.beam_size if beam is None else beam
+    n = defaults.nbest if nbest is None else nbest
+    if n > 1 and strategy == "greedy":
+        raise RequestError(f"nbest: {n} hypotheses need beam search; give beam >= {n} as well"
+                           + (" (this server decodes greedily by default)" if beam is None else ""))
+    if strategy == "beam" and n > size:
+        raise RequestError(f"nbest: {n} hypotheses cannot come from a beam of {size}; give beam >= {n}")
+    try:
+        return translator.decode_settings(beam=beam, nbest=nbest)
+    except TformerError as e:
+        raise RequestError(f"beam/nbest: {e}") from None
+
+
+def translate_request(body: Any, translator: Translator, settings: Settings) -> TranslateRequest:
+    """A /v1/translate body, checked (see tformer.serve)."""
+    body = check_object(body, TRANSLATE_FIELDS, '{"src": ["A dog runs ."], "beam": 5}')
+    sources = sentences(body.get("src"), "src", settings)
+    beam = whole(body, "beam", 1, settings.max_beam, "--max-beam")
+    nbest = whole(body, "nbest", 1, settings.max_nbest, "--max-nbest")
+    alignment = flag_field(body, "alignment")
+    prefixes = body.get("prefix")
+    if prefixes is not None:
+        if not isinstance(prefixes, list) or len(prefixes) != len(sources):
+            raise RequestError(f"prefix: must be a list with one string (or null) per sentence of src "
+                               f"({len(sources)}), got {_kind(prefixes)}"
+                               + (f" of {len(prefixes)}" if isinstance(prefixes, list) else ""))
+        for i, p in enumerate(prefixes):
+            if p is not None:
+                check_text(p, f"prefix[{i}]", settings)
+                pieces(translator, p, f"prefix[{i}]", "target", settings)
+    widths = [pieces(translator, s, f"src[{i}]", "source", settings) + 1 for i, s in enumerate(sources)]
+    cfg = decode_settings(translator, beam, nbest)
+    return TranslateRequest(sources, prefixes, beam, nbest, alignment, cfg, widths)
+
+
+def score_request(body: Any, translator: Translator, settings: Settings) -> ScoreRequest:
+    """A /v1/score body, checked: one target per source, neither side empty nor over the limits."""
+    body = check_object(body, SCORE_FIELDS, '{"src": ["A dog ."], "tgt": ["Ein Hund ."]}')
+    sources = sentences(body.get("src"), "src", settings)
+    targets = sentences(body.get("tgt"), "tgt", settings)
+    if len(sources) != len(targets):
+        raise RequestError(f"tgt: {len(targets)} targets for {len(sources)} sources; give one target per source")
+    widths = []
+    for i, (src, tgt) in enumerate(zip(sources, targets)):
+        n = pieces(translator, src, f"src[{i}]", "source", settings)
+        if n == 0:
+            raise RequestError(f"src[{i}]: empty; there is nothing to score a translation against")
+        widths.append(max(n, pieces(translator, tgt, f"tgt[{i}]", "target", settings)) + 1)
+    return ScoreRequest(sources, targets, widths)
