@@ -1,7 +1,8 @@
 """Decoding speed beside the peers, in one run: tformer through its public API (`Translator.translate`: raw
-sentences in, detokenised text out), tformer's internal id path (`translate_ids`, what the API calls: the
-difference is the API's own cost), CTranslate2 (fp32, int8) on the export, Hugging Face MarianMT `generate`
-with our weights copied in. Multi30k test2016 sources, batch 64, greedy and beam 5. The API engine tokenises
+sentences in, detokenised text out), fp32 and dynamic int8 (decode.quantize=int8), and with beam search also
+under fairseq's rule for endings (beam_finish=top_k, what CTranslate2 does); tformer's internal id path
+(`translate_ids`, what the API calls: the difference is the API's own cost), CTranslate2 (fp32, int8) on the
+export, Hugging Face MarianMT `generate` with our weights copied in. Multi30k test2016 sources, batch 64, greedy and beam 5. The API engine tokenises
 and detokenises inside the timing; the others are given token ids or pieces.
 
     python benchmarks/decoding_peers.py --checkpoint runs/multi30k_en_de [--random] [--rounds 3] [--record]
@@ -13,8 +14,9 @@ vocabulary) that every peer can run; random weights decode to the length limit, 
 machinery on long outputs. Each (engine, setting) runs `--rounds` times over the same length-sorted batches,
 the engines taking turns batch by batch (the machine is shared and noisy); the table gives the median. Target tokens = generated tokens with </s>. The fp32
 matrix-multiply ceiling is measured in the same run (torch.mm, 1024^3) and the decoder's FLOPs per target
-token (projections, FFN, generator and attention over the cache, counted per hypothesis) give the
-fraction of it that greedy decoding reaches.
+token (projections, FFN, generator and attention over the cache, counted per hypothesis) give each engine's
+decoder GFLOP/s and the fraction of the ceiling it reaches (the same count for every engine: the arithmetic
+a generated token needs, whatever an engine actually runs).
 """
 
 from __future__ import annotations
@@ -58,12 +60,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--engines", nargs="+", default=["tformer", "tformer-ids", "ct2-fp32", "ct2-int8", "hf"])
+    ap.add_argument("--engines", nargs="+", default=["tformer", "tformer-top_k", "tformer-ids", "tformer-int8",
+                                                         "ct2-fp32", "ct2-int8", "hf"])
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     threads = torch.get_num_threads()
 
     translator = tformer.load(args.checkpoint, device="cpu")
+    int8 = tformer.load(args.checkpoint, device="cpu", quantize="int8")
     ckpt, model = translator.checkpoint, translator.model
     src_tok, tgt_tok = ckpt.tokenizers
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
@@ -91,6 +95,7 @@ def main() -> None:
                         best=True)
         source_ckpt = work / "run"
         translator = tformer.load(source_ckpt, device="cpu")
+        int8 = tformer.load(source_ckpt, device="cpu", quantize="int8")
     ct2_dirs = {}
     if any(e.startswith("ct2") for e in engines):
         import ctranslate2
@@ -104,9 +109,11 @@ def main() -> None:
     stoi = tgt_tok.vocab.stoi
 
     def run(engine: str, beam: int, chunk: list[int]) -> list[list[int]]:
-        if engine == "tformer":  # the public API, text in and text out
-            out = translator.translate([sources[i] for i in chunk], beam=beam, len_penalty=0.0, max_len_a=0.0,
-                                       max_len_b=max_len, batch_size=args.batch_size)
+        if engine in ("tformer", "tformer-top_k", "tformer-int8"):  # the public API, text in and text out
+            rule = dict(beam_finish="top_k") if engine == "tformer-top_k" else {}
+            out = (int8 if engine == "tformer-int8" else translator).translate(
+                [sources[i] for i in chunk], beam=beam, len_penalty=0.0, max_len_a=0.0, max_len_b=max_len,
+                batch_size=args.batch_size, **rule)
             return [[stoi.get(p, 3) for p in t.tokens] for t in out]
         if engine == "tformer-ids":  # the id path the API calls
             decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
@@ -133,9 +140,13 @@ def main() -> None:
                 result[i] = [t for t in row if t != 0]
         return [result[j] for j in range(len(chunk))]
 
+    def runs(engine: str, beam: int) -> bool:  # the fairseq-rule variant differs from tformer's only in beam search
+        return engine != "tformer-top_k" or beam > 1
+
     for engine in engines:  # warm-up: first calls pay for lazy initialisation
         for beam in args.beams:
-            run(engine, beam, list(range(args.batch_size)))
+            if runs(engine, beam):
+                run(engine, beam, list(range(args.batch_size)))
     # every engine gets the same batches: the sentences sorted by length, cut into batch-size chunks, which
     # the engines translate in turns, chunk by chunk (the shared machine's load changes by the second)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
@@ -150,36 +161,43 @@ def main() -> None:
                 outputs[engine, beam] = [[] for _ in ids]
             for chunk in chunks:
                 for engine in engines:
+                    if not runs(engine, beam):
+                        continue
                     tic = time.perf_counter()
                     out = run(engine, beam, chunk)
                     spent[engine] += time.perf_counter() - tic
                     for i, hyp in zip(chunk, out):
                         outputs[engine, beam][i] = hyp
             for engine in engines:
-                times.setdefault((engine, beam), []).append(spent[engine])
+                if runs(engine, beam):
+                    times.setdefault((engine, beam), []).append(spent[engine])
     ceiling = max(ceiling, gemm_ceiling())
 
     vocab = len(tgt_tok.vocab)
     src_len = statistics.mean(len(x) + 1 for x in ids)
-    table = ["| decoding | engine | sentences/s | target tokens/s | vs tformer | equal to tformer | BLEU |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    table = ["| decoding | engine | sentences/s | target tokens/s | vs tformer | vs ct2 of its precision | "
+             "decoder GFLOP/s (% of ceiling) | equal to tformer | BLEU |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for beam in args.beams:
         base = statistics.median(times["tformer", beam]) if ("tformer", beam) in times else None
         for engine in engines:
+            if not runs(engine, beam):
+                continue
             secs = statistics.median(times[engine, beam])
+            peer = "ct2-int8" if engine.endswith("int8") else "ct2-fp32"
+            peer_secs = statistics.median(times[peer, beam]) if (peer, beam) in times else float("nan")
             out = outputs[engine, beam]
             n_tok = sum(len(h) + 1 for h in out)
             same = sum(a == b for a, b in zip(out, outputs.get(("tformer", beam), out)))
             bleu = translation_scores([tgt_tok.decode(h) for h in out], refs, "de").bleu
+            flops = decoder_flops_per_token(cfg, vocab, src_len, n_tok / len(out)) * n_tok * beam / secs / 1e9
             table.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {engine} | {len(out) / secs:.1f} | "
-                         f"{n_tok / secs:,.0f} | {base / secs if base else float('nan'):.2f}x | {same}/{len(out)} | "
+                         f"{n_tok / secs:,.0f} | {base / secs if base else float('nan'):.2f}x | "
+                         f"{peer_secs / secs:.2f}x | {flops:.1f} ({100 * flops / ceiling:.0f}%) | {same}/{len(out)} | "
                          f"{bleu:.2f} |")
-            if engine == "tformer" and beam == 1:
-                tgt_len = n_tok / len(out)
-                flops = decoder_flops_per_token(cfg, vocab, src_len, tgt_len) * n_tok / secs / 1e9
-                notes.append(f"tformer greedy: {flops:.1f} GFLOP/s of decoder arithmetic, "
-                             f"{100 * flops / ceiling:.0f}% of the measured fp32 ceiling {ceiling:.0f} GFLOP/s")
+    notes.append(f"decoder GFLOP/s: the arithmetic a generated token needs per hypothesis (beam: x beam size), "
+                 f"against the fp32 matrix-multiply ceiling measured in this run, {ceiling:.0f} GFLOP/s")
     what = ("random post-norm Marian-size model (d=256, 3+3, 4 heads, FFN 1024)" if args.random else
             f"checkpoint {args.checkpoint} ({cfg.norm}-norm, d={cfg.d_model}, {cfg.encoder_layers}+"
             f"{cfg.decoder_layers} layers)")
