@@ -12,7 +12,9 @@ compared with tformer's, sentence by sentence, and scored with sacreBLEU.
 --random: a random post-norm Marian-size model (d=256, 3+3 layers, 4 heads, FFN 1024, the checkpoint's
 vocabulary) that every peer can run; random weights decode to the length limit, so this measures the
 machinery on long outputs. Each (engine, setting) runs `--rounds` times over the same length-sorted batches,
-the engines taking turns batch by batch (the machine is shared and noisy); the table gives the median. Target tokens = generated tokens with </s>. The fp32
+the engines taking turns batch by batch (the machine is shared and noisy), in an order that rotates from batch
+to batch (an engine that always ran right after another would find that one's weights, or its own, in cache);
+the table gives the median. Target tokens = generated tokens with </s>. The fp32
 matrix-multiply ceiling is measured in the same run (torch.mm, 1024^3) and the decoder's FLOPs per target
 token (projections, FFN, generator and attention over the cache, counted per hypothesis) give each engine's
 decoder GFLOP/s and the fraction of the ceiling it reaches (the same count for every engine: the arithmetic
@@ -159,8 +161,8 @@ def main() -> None:
             spent = {engine: 0.0 for engine in engines}
             for engine in engines:
                 outputs[engine, beam] = [[] for _ in ids]
-            for chunk in chunks:
-                for engine in engines:
+            for c, chunk in enumerate(chunks):  # the order rotates: no engine always runs after another's
+                for engine in engines[c % len(engines):] + engines[: c % len(engines)]:  # weights left in cache
                     if not runs(engine, beam):
                         continue
                     tic = time.perf_counter()

@@ -381,13 +381,15 @@ def test_bad_input_gets_one_message_and_changes_nothing(name, tmp_path, trained,
 
 
 def test_the_documented_table_lists_exactly_these_cases():
-    """docs/reliability.md names each case of this file (and the explorer's) in its table."""
+    """docs/reliability.md names each case of this file in its table, and every other test it names exists."""
     text = DOC.read_text(encoding="utf-8")
     named = set(re.findall(r"`test_bad_inputs::(\w+)`", text))
     assert named == set(CASES)
-    explore_tests = (ROOT / "tests" / "test_explore.py").read_text(encoding="utf-8")
-    for test in re.findall(r"`test_explore::(\w+)`", text):
-        assert f"def {test}(" in explore_tests, test
+    others = re.findall(r"`(test_\w+)::(\w+)`", text)
+    assert {module for module, _ in others} >= {"test_explore", "test_serve", "test_score_cli", "test_prefix"}
+    for module, test in others:
+        if module != "test_bad_inputs":
+            assert f"def {test}(" in (ROOT / "tests" / f"{module}.py").read_text(encoding="utf-8"), (module, test)
 
 
 def test_training_drops_empty_and_enormous_pairs_and_says_how_many(tmp_path, capsys, monkeypatch, caplog):

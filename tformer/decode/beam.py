@@ -27,14 +27,12 @@ Finished hypotheses are ranked by GNMT's length penalty (Wu et al., 2016): logpr
 |Y| counting the </s>. alpha = 0 ranks by log-probability alone, larger alpha favours longer outputs.
 
 Each step ranks tokens within each hypothesis first (the best K, or 2K, of its V), then across a sentence's
-K hypotheses: the sentence's best candidates are among its hypotheses' best ones. Ranking uses the logits, and
-only the kept candidates are turned into log-probabilities (logit - logsumexp): the order within a row is the
-same, the V-wide log_softmax is never written, and every row is computed by the same arithmetic whether or not
-another sentence of the batch is inside a prefix.
+K hypotheses: the sentence's best candidates are among its hypotheses' best ones, so the score is added to a
+few candidates per row, not to all V, and every row is computed by the same arithmetic whether or not another
+sentence of the batch is inside a prefix.
 
-A forced target prefix is one more rule on the step's scores (`common.force`): while a sentence is inside its
-prefix, every continuation but the prefix token is -inf, the prefix token keeps its logit (its log-probability
-once shifted).
+A forced target prefix is one more rule on the step's log-probabilities (`common.force`): while a sentence is
+inside its prefix, every continuation but the prefix token is -inf, the prefix token keeps its log-probability.
 A sentence starts from one hypothesis, so exactly one finite hypothesis follows the prefix and the other K-1 rows
 carry -inf scores: -inf never turns finite, never finishes (only finite candidates are set aside) and ranks below
 every finite candidate, so from the end of the prefix the search goes on exactly as a beam started from that one
@@ -111,16 +109,15 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
     while sent.numel():
         L, k = scores.shape
         logits, cache = step(prev, cache)  # (L*k, V)
-        logits = logits.float()
-        shift = torch.logsumexp(logits, dim=-1, keepdim=True)  # (L*k, 1): log-probability = logit - shift
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (L*k, V)
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
-        raw = logits.clone() if forcing else logits
-        ranked = forbid(logits, history, t, eos, min_len, no_repeat_ngram)  # in place
-        if forcing:  # the prefix token keeps its own logit; every row is computed alike, forced or not
+        raw = logp.clone() if forcing else logp
+        ranked = forbid(logp, history, t, eos, min_len, no_repeat_ngram)  # in place
+        if forcing:  # the prefix token keeps its own log-probability; every row is computed alike
             ranked = force(raw, ranked, prefix[sent, t].repeat_interleave(k))
         V = ranked.shape[-1]
         t += 1
-        base = scores.reshape(L * k, 1) - shift  # (L*k, 1): a candidate's raw score is base + its logit
+        base = scores.reshape(L * k, 1)  # (L*k, 1): a candidate's raw score is base + its log-probability
         ending: list[tuple[int, int, float]] = []  # (live sentence, row, raw score) of the endings kept
         if top_k:  # the 2K best extensions; </s> in the top K ranks ends
             per_row = min(2 * K, V)

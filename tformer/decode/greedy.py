@@ -16,9 +16,8 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
     whatever the rules say and scored at their log-probability, then the search goes on from there; a
     limit shorter than a prefix is raised to its length. A finished sentence leaves the batch (its cache
     rows are dropped), so the work shrinks as the batch finishes and no sentence's result depends on the
-    others in its batch. Rows leave in groups (when an eighth of the rows have finished): each departure copies the
-    whole cache, and a few finished rows cost less carried along than copied out. The argmax is taken on the logits (the same order as the log-probabilities); only
-    the chosen token's log-probability is computed (logit - logsumexp).
+    others in its batch. Rows leave in groups (when an eighth of the rows have finished): each departure copies
+    the whole cache, and a few finished rows cost less carried along than copied out.
     """
     B = max_len.shape[0]
     device = max_len.device
@@ -30,17 +29,15 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
     prev = torch.full((B,), bos, dtype=torch.long, device=device)  # (B_live,)
     t = 0
     while active.numel():
-        logits, cache = step(prev, cache)  # (B_live, V)
-        logits = logits.float()
-        history = out[active, :t] if no_repeat_ngram else out[:0, :t]  # (B_live, t): only the n-gram rule reads it
-        lse = torch.logsumexp(logits, dim=-1)  # (B_live,)
+        logits, cache = step(prev, cache)  # (B_rows, V)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (B_rows, V)
+        history = out[active, :t] if no_repeat_ngram else out[:0, :t]  # (B_rows, t): only the n-gram rule reads it
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
-        raw = logits.clone() if forcing else logits
-        allowed = forbid(logits, history, t, eos, min_len, no_repeat_ngram)  # in place
-        if forcing:  # the prefix token keeps its own logit; every row is computed alike, forced or not
+        raw = logp.clone() if forcing else logp
+        allowed = forbid(logp, history, t, eos, min_len, no_repeat_ngram)  # in place
+        if forcing:  # the prefix token keeps its own log-probability; every row is computed alike
             allowed = force(raw, allowed, prefix[active, t])
-        best_logit, best = row_max(allowed)  # (B_live,)
-        best_logp = best_logit - lse
+        best_logp, best = row_max(allowed)  # (B_rows,)
         best = torch.where(running, best, eos)  # a finished row carried along writes nothing
         scores.index_add_(0, active, torch.where(running, best_logp, 0.0).double())
         out[active, t] = best
