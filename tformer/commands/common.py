@@ -40,6 +40,27 @@ def batching(sp: argparse.ArgumentParser) -> None:
                     "(CPU; faster, results may differ slightly); same as decode.quantize=int8")
 
 
+def listen(sp: argparse.ArgumentParser) -> None:
+    """--host and --port of a command that serves HTTP (tformer serve, tformer explore)."""
+    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sp.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+
+
+def alignment(sp: argparse.ArgumentParser, help: str) -> None:
+    """--alignment (with `help`), --alignment-layer, --alignment-heads; `alignment_options` reads them."""
+    sp.add_argument("--alignment", action="store_true", help=help)
+    sp.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
+                    help="the decoder layer the alignment reads (default -1: the last; a universal transformer's "
+                    "ACT step)")
+    sp.add_argument("--alignment-heads", type=int_list, metavar="H,H,...",
+                    help="average these heads only (default: all)")
+
+
+def alignment_options(args: argparse.Namespace) -> dict:
+    """The API's alignment options from the flags `alignment` adds."""
+    return dict(alignment=args.alignment, alignment_layer=args.alignment_layer, alignment_heads=args.alignment_heads)
+
+
 def int_list(text: str) -> list[int]:
     """'0,2,3' -> [0, 2, 3], for argparse."""
     try:

@@ -20,8 +20,7 @@ def add_parser(sub) -> None:
                         "same service as `tformer serve` (its JSON API answers here too), with the explorer's "
                         "smaller limits.")
     sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
-    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    sp.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    common.listen(sp)
     sp.add_argument("--max-chars", type=int, default=1000, help="longest input, in characters (default 1000)")
     sp.add_argument("--max-tokens", type=int, default=200, help="longest input, in source pieces (default 200)")
     sp.add_argument("--max-beam", type=int, default=16, help="largest beam a request may ask for (default 16)")

@@ -34,12 +34,7 @@ def add_parser(sub) -> None:
     sp.add_argument("--format", choices=("tsv", "jsonl"), default="tsv", help="output format (see above)")
     sp.add_argument("--pieces", action="store_true", help="tsv: add the target pieces the log-probabilities belong "
                     "to, as a column (jsonl always has them)")
-    sp.add_argument("--alignment", action="store_true", help="add each target's hard alignment (as translate "
-                    "--alignment)")
-    sp.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
-                    help="the decoder layer the alignment reads (default -1: the last)")
-    sp.add_argument("--alignment-heads", type=common.int_list, metavar="H,H,...",
-                    help="average these heads only (default: all)")
+    common.alignment(sp, "add each target's hard alignment (as translate --alignment)")
     sp.add_argument("--max-source-tokens", type=int, default=1024, metavar="N",
                     help="refuse lines whose source or target is longer than N pieces, naming the line, before "
                     "scoring anything (default 1024; 0 = no limit)")
@@ -53,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         common.print_config(translator.config)
         return 0
-    options = dict(format=args.format, pieces=args.pieces, alignment=args.alignment,
-                   alignment_layer=args.alignment_layer, alignment_heads=args.alignment_heads)
+    options = dict(format=args.format, pieces=args.pieces, **common.alignment_options(args))
     if args.input:
         translator.score_file(args.input, args.output or sys.stdout, **options)
         return 0

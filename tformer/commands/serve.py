@@ -20,8 +20,7 @@ def add_parser(sub) -> None:
                         "(this machine only) by default. SIGTERM or Ctrl-C: stop accepting, answer what was "
                         "accepted, exit.")
     sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
-    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    sp.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
+    common.listen(sp)
     sp.add_argument("--api-key", default=os.environ.get("TFORMER_API_KEY") or None,
                     help="a key every request must carry ('Authorization: Bearer KEY', 'X-API-Key: KEY' or "
                     "LibreTranslate's api_key); default $TFORMER_API_KEY, else none. The variable keeps it out of "

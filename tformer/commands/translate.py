@@ -25,14 +25,9 @@ def add_parser(sub) -> None:
     sp.add_argument("--prefix-file", metavar="FILE", help="one target prefix per input line (plain or gzip; an "
                     "empty line: none): each translation begins with its prefix and the model goes on from there; "
                     "the file must have as many lines as the input")
-    sp.add_argument("--alignment", action="store_true", help="append each translation's hard alignment: for every "
-                    "target piece, the source piece its cross-attention weighs most (heads averaged; fairseq's "
-                    "--print-alignment); 0-based indices of the pieces, </s> left out")
-    sp.add_argument("--alignment-layer", type=int, default=-1, metavar="N",
-                    help="the decoder layer the alignment reads (default -1: the last; a universal transformer's "
-                    "ACT step)")
-    sp.add_argument("--alignment-heads", type=common.int_list, metavar="H,H,...",
-                    help="average these heads only (default: all)")
+    common.alignment(sp, "append each translation's hard alignment: for every target piece, the source piece "
+                     "its cross-attention weighs most (heads averaged; fairseq's --print-alignment); 0-based "
+                     "indices of the pieces, </s> left out")
     sp.add_argument("--max-source-tokens", type=int, default=1024, metavar="N",
                     help="refuse input lines (and prefixes) longer than N pieces, naming the line, before "
                     "translating anything (default 1024; 0 = no limit: attention memory grows with the square of it)")
@@ -50,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
         common.print_config(translator.config)
         return 0
     nbest = translator.config.decode.nbest > 1
-    options = dict(alignment=args.alignment, alignment_layer=args.alignment_layer,
-                   alignment_heads=args.alignment_heads)
+    options = common.alignment_options(args)
     translator.translate_iterable([], **options)  # the options checked before any line is read
     if not args.input and not args.prefix_file and sys.stdin.isatty():  # interactive: answer each line as it comes
         print(f"tformer: translating with {common.describe_decode(translator.config)}; one sentence per line, "

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import itertools
 import logging
 import math
 import signal
@@ -45,6 +46,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("tformer")
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 PUBLIC = {"/v1/health", "/languages"}  # answered without the API key (as LibreTranslate does /languages)
+
+
+def split_back(outputs: list, sizes: list[int]) -> list[list]:
+    """One model call's outputs, in order, back into the requests they came from (`sizes` outputs each)."""
+    starts = [0, *itertools.accumulate(sizes)]
+    return [outputs[a:b] for a, b in zip(starts, starts[1:])]
 
 
 class _ClientGone(Exception):
@@ -187,11 +194,7 @@ class Service:
         options = {"alignment": True} if first.alignment else {}
         out = self.translator.translate(sources, beam=first.beam, nbest=first.nbest, prefix=prefixes,
                                         batch_size=self.settings.batch_tokens, batch_type="tokens", **options)
-        results, start = [], 0
-        for r in reqs:
-            results.append(out[start:start + len(r.sources)])
-            start += len(r.sources)
-        return results
+        return split_back(out, [len(r.sources) for r in reqs])
 
     async def translate(self, request: Request) -> Response:
         req = translate_request(await self._json_body(request), self.translator, self.settings)
@@ -202,11 +205,7 @@ class Service:
         reqs: list[ScoreRequest] = [j.payload for j in jobs]
         out = self.translator.score([s for r in reqs for s in r.sources], [t for r in reqs for t in r.targets],
                                     batch_size=self.settings.batch_tokens, batch_type="tokens")
-        results, start = [], 0
-        for r in reqs:
-            results.append(out[start:start + len(r.sources)])
-            start += len(r.sources)
-        return results
+        return split_back(out, [len(r.sources) for r in reqs])
 
     async def score(self, request: Request) -> Response:
         req = score_request(await self._json_body(request), self.translator, self.settings)
