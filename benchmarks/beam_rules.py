@@ -1,7 +1,8 @@
 """Beam search's two rules for endings side by side on a trained model: `top_k` (fairseq, CTranslate2,
 Marian: </s> kept only within a step's top K of 2K candidates) and `all` (t5x: every finite ending is a
-candidate, exact stop), at several length penalties. For each: BLEU, mean output words, mean model score of
-the returned hypotheses (raw log-probability, the quantity `all` maximises at least as well), and time.
+candidate, exact stop), at several length penalties. For each: BLEU, mean output words, the mean
+log-probability of the returned outputs (re-scored by forced decoding; with alpha 0 it is what beam search
+ranks by, and `all` never returns less), and time.
 
     python benchmarks/beam_rules.py [--checkpoint runs/multi30k_en_de] [--beam 5] [--record]
 """
@@ -49,9 +50,9 @@ def main() -> None:
             table.append(f"| {alpha} | {rule} | {bleu:.2f} | {words:.1f} | {logp:.3f} | {seconds:.1f} |")
             print(table[-1], flush=True)
     notes = (f"{len(sources)} Multi30k test2016 sentences, beam {args.beam}, batch 64, checkpoint {args.checkpoint}; "
-             f"references average {statistics.mean(len(r.split()) for r in refs):.1f} words. `all` returns outputs "
-             "the model scores at least as high (its mean log-probability), which on this model are shorter "
-             "and translate worse; its exact stop keeps beams alive towards the length limit when alpha > 0.")
+             f"references average {statistics.mean(len(r.split()) for r in refs):.1f} words. With alpha 0 `all` "
+             "returns outputs the model scores higher (mean log-probability), which on this model are shorter and "
+             "translate worse; its exact stop (bounded by the length penalty at the length limit) costs little here.")
     report(f"Beam search: which endings are kept (beam {args.beam})", table, notes, args.record)
 
 
