@@ -101,8 +101,8 @@ class MultiHeadAttention(nn.Module):
         """Self-attention when `memory` and `static_kv` are None; cross-attention otherwise.
 
         query (B, T, D); memory (B, S, D); past: cached self-attention (k, v) of earlier positions, to
-        which this call's keys and values are appended (a KVBuffer: in place, T = 1); static_kv: keys and values given whole (k, v), from
-        `project_kv`. mask / bias: see tformer.attention.kernels.
+        which this call's keys and values are appended (a KVBuffer: in place, T = 1); static_kv: keys and
+        values given whole (k, v), from `project_kv`. mask / bias: see tformer.attention.kernels.
         """
         D = self.d_model
         if memory is None and static_kv is None:

@@ -132,7 +132,8 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
                 ending.append((l, l * k + int(top_beam[l, r]), float(top_scores[l, r])))
             n_next = min(K, top_tok.shape[1] - k)  # at most k of the 2K end in </s>
             pick = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :n_next]  # (L, K')
-            next_scores, next_beam, next_tok = top_scores.gather(1, pick), top_beam.gather(1, pick), top_tok.gather(1, pick)
+            next_scores, next_beam = top_scores.gather(1, pick), top_beam.gather(1, pick)
+            next_tok = top_tok.gather(1, pick)
         else:  # every finite ending may still win; the K best extensions that do not end go on
             eos_scores = (base[:, 0] + ranked[:, eos]).double()  # (L*k,)
             bar = finished.nth(sent.tolist(), nbest).repeat_interleave(k) * penalty[t]  # raw score to beat
@@ -156,7 +157,8 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
         for l in last.nonzero()[:, 0].tolist():
             for j in range(k):
                 if torch.isfinite(next_scores[l, j]):
-                    finished.add(int(sent[l]), float(next_scores[l, j]) / float(penalty[t]), history[l * k + j].tolist())
+                    finished.add(int(sent[l]), float(next_scores[l, j]) / float(penalty[t]),
+                                 history[l * k + j].tolist())
         # done: at the limit; or no live hypothesis can still reach the nbest-th finished (exact); or, top_k,
         # K finished and none alive ranks above the K-th any more (Hugging Face's rule)
         alive_best = next_scores[:, 0].double()  # (L,) best live raw score
