@@ -208,6 +208,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 1.0  # 0 = no clipping
     label_smoothing: float = 0.1
+    ema: float = 0.0  # decay of an exponential moving average of the weights (0 = none; e.g. 0.999): validated,
+    # checkpointed (ema.safetensors) and used for inference beside the raw weights (tformer/training/ema.py)
     ponder_weight: float = 0.01  # universal transformer: tau, the weight of the ACT ponder cost in the loss
     eval_every: int = 0  # optimizer updates between evaluations; 0 = once per epoch
     log_every: int = 20
@@ -241,6 +243,7 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing",
                f"must be in [0, 1), got {self.label_smoothing}")
         _check(self.clip_norm >= 0, "train.clip_norm", f"must be >= 0, got {self.clip_norm}")
+        _check(0.0 <= self.ema < 1.0, "train.ema", f"is a decay in [0, 1) (0: no average), got {self.ema}")
         _check(self.ponder_weight >= 0, "train.ponder_weight", f"must be >= 0, got {self.ponder_weight}")
         _check(0.0 <= self.target_exact_match <= 1.0, "train.target_exact_match",
                f"is a fraction in [0, 1], got {self.target_exact_match}")

@@ -2,6 +2,7 @@
 
     RUN_DIR/checkpoints/step_000500/
         model.safetensors       weights (tied tensors stored once)
+        ema.safetensors         their exponential moving average (train.ema), same names; inference loads it
         optimizer.safetensors   optimizer moments and the RNG state, for resume
         trainer.json            the TrainerState (step, epoch, data cursor, best, ...), optimizer hyper-parameters
         config.yaml             the full configuration
@@ -104,13 +105,15 @@ def _fsync_dir(folder: Path) -> None:
 
 def _write_checkpoint(tmp: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                       trainer: dict[str, Any], cfg: Config, tokenizers: Tokenizers,
-                      rng_states: list[Tensor] | None) -> None:
+                      rng_states: list[Tensor] | None, ema: dict[str, Tensor] | None = None) -> None:
     """Every file of a checkpoint into the fresh folder `tmp`, each fsynced; trainer.json last (its presence
     marks a complete checkpoint)."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file(unique_state(model), str(tmp / "model.safetensors"),
               metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
+    if ema is not None:
+        save_file(ema, str(tmp / EMA_FILE), metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
     info = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, **trainer}
     if optimizer is not None:
         tensors, groups = optimizer_tensors(optimizer)
@@ -139,9 +142,10 @@ def save_checkpoint(
     best: bool = False,
     keep_last: int = 3,
     rng_states: list[Tensor] | None = None,
+    ema: dict[str, Tensor] | None = None,
 ) -> Path:
     """Write step `step` (see the module docstring). `rng_states`: the random state of every process of a
-    torchrun job, rank order (default: this process's)."""
+    torchrun job, rank order (default: this process's). `ema`: the weights' moving average (train.ema)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:07d}"
@@ -149,7 +153,7 @@ def save_checkpoint(
     if not (final / "trainer.json").exists():  # a step's state is fixed: never rewrite a finished one
         tmp = root / f".tmp-{name}-{os.getpid()}"
         try:
-            _write_checkpoint(tmp, step, model, optimizer, trainer, cfg, tokenizers, rng_states)
+            _write_checkpoint(tmp, step, model, optimizer, trainer, cfg, tokenizers, rng_states, ema)
             shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of a crash, if any
             os.rename(tmp, final)
             _fsync_dir(root)
@@ -171,6 +175,7 @@ def save_checkpoint(
     return final
 
 
+EMA_FILE = "ema.safetensors"
 BYTES_PER_PARAMETER = 12  # a checkpoint: float32 weights + Adam's two float32 moments
 ROOM_MARGIN = 16 << 20  # configs, vocabularies, tokenizers, logs
 
@@ -313,13 +318,32 @@ class Checkpoint:
         """Where the run stood (trainer.json, field for field)."""
         return TrainerState.from_json(self.trainer, self.path / "trainer.json")
 
-    def load_model_state(self, model: nn.Module) -> None:
-        """Load the weights into `model`, rejecting missing, extra or mis-shaped tensors by name."""
-        file = self.path / "model.safetensors"
+    @property
+    def has_ema(self) -> bool:
+        return (self.path / EMA_FILE).is_file()
+
+    def weights_file(self, which: str = "auto") -> Path:
+        """model.safetensors ('raw') or ema.safetensors ('ema': train.ema's moving average); 'auto': the average
+        when the checkpoint has one (validation chose the best checkpoint by it), else the raw weights."""
+        if which not in ("auto", "raw", "ema"):
+            raise ValueError(f"which must be 'auto', 'raw' or 'ema', got {which!r}")
+        if which == "ema" and not self.has_ema:
+            raise CheckpointError(f"{self.path} holds no {EMA_FILE}: its run did not average the weights "
+                                  "(train.ema=0)")
+        return self.path / (EMA_FILE if which == "ema" or (which == "auto" and self.has_ema) else "model.safetensors")
+
+    def weights(self, which: str = "auto") -> dict[str, Tensor]:
+        """The tensors of `weights_file(which)`."""
+        file = self.weights_file(which)
         try:
-            tensors = load_file(str(file))
+            return load_file(str(file))
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{file}: cannot be read as safetensors ({e})") from None
+
+    def load_model_state(self, model: nn.Module, which: str = "auto") -> None:
+        """Load the weights into `model` (`which`: see `weights_file`), rejecting missing, extra or mis-shaped
+        tensors by name."""
+        file, tensors = self.weights_file(which), self.weights(which)
         upgraded = upgrade_state(tensors)
         self.legacy = upgraded.keys() != tensors.keys()  # written before the model was a composition
         tensors = upgraded

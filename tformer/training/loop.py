@@ -33,6 +33,8 @@ from tformer.training import distributed
 from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
                                       load_checkpoint, load_tokenizers, save_checkpoint, save_tokenizers)
 from tformer.training.distributed import Context, all_reduce_update
+from tformer.training.ema import EMA
+from tformer.training.precision import Precision
 from tformer.training.loss import generator_loss
 from tformer.training.batches import Batches, prefetch
 from tformer.training.schedule import learning_rate
@@ -133,32 +135,6 @@ class _Window:
             out["skipped"] = self.skipped  # updates skipped for a NaN/inf loss or gradient
         self.reset()
         return out
-
-
-class Precision:
-    """`train.precision` on a device: the autocast context of the forward pass and, for fp16, the gradient
-    scaler (the loss is multiplied by its scale before backward, the gradients divided by it before clipping;
-    a step whose gradients overflowed is skipped and the scale lowered)."""
-
-    def __init__(self, precision: str, device: torch.device) -> None:
-        self.device = device
-        self.dtype = dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-        if dtype is not None and device.type == "cpu":
-            log.warning("train.precision=%s on a CPU: autocast runs, but CPUs without %s units compute it "
-                        "far slower than fp32 (measured ~200x on AVX2); meant for GPUs", precision, precision)
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
-
-    def state(self) -> dict[str, Any] | None:
-        return None if self.scaler is None else self.scaler.state_dict()
-
-    def load(self, state: dict[str, Any] | None) -> None:
-        if self.scaler is not None and state:
-            self.scaler.load_state_dict(state)
 
 
 def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Batch], lr: float,
@@ -300,12 +276,14 @@ class Trainer:
         self.amp = Precision(t.precision, ctx.device)
         self.state = TrainerState()
         if ckpt:
-            ckpt.load_model_state(self.model)
+            ckpt.load_model_state(self.model, "raw")
             ckpt.load_training_state(self.optimizer, ctx.rank, self.model)
             self.state = ckpt.state()
             self.amp.load(self.state.grad_scaler)
             log.info("resumed from %s (step %d, epoch %d, update %d of %d in it)", ckpt.path, self.state.step,
                      self.state.epoch, self.state.cursor, self.batches.per_epoch)
+        self.ema = EMA.resume(self.model, t.ema, ckpt) if t.ema else None  # restored, or started now
+        self.state.ema_updates = 0 if self.ema is None else self.ema.updates
         self.resumed = ckpt is not None
         self.last_eval_step = self.state.step if ckpt else -1
         self.stop_early = False
@@ -395,6 +373,9 @@ class Trainer:
         state.advance(self.batches.per_epoch)
         if ok:
             state.bad_updates = 0
+            if self.ema is not None:
+                self.ema.update()
+                state.ema_updates = self.ema.updates
         else:
             self._bad_update()
 
@@ -477,7 +458,8 @@ class Trainer:
         path = self.run_dir / "checkpoints" / f"step_{state.step:07d}"
         if ctx.main:
             path = save_checkpoint(self.run_dir, state.step, self.model, self.optimizer, state.to_json(), self.cfg,
-                                   self.tokenizers, best=best, keep_last=self.t.keep_last, rng_states=rng)
+                                   self.tokenizers, best=best, keep_last=self.t.keep_last, rng_states=rng,
+                                   ema=None if self.ema is None else self.ema.state())
         distributed.barrier(ctx)
         return path
 
@@ -528,8 +510,15 @@ class Trainer:
         decode = dataclasses.replace(cfg.decode, strategy="greedy" if self.t.valid_beam == 1 else "beam",
                                      beam_size=self.t.valid_beam, nbest=1)
         tic = time.perf_counter()
-        metrics, _ = evaluate(self.model, self.valid_examples, cfg, decode=decode, references=self.valid_refs,
-                              tokenizer=self.tokenizers[1])
+
+        def score() -> dict[str, Any]:
+            return evaluate(self.model, self.valid_examples, cfg, decode=decode, references=self.valid_refs,
+                            tokenizer=self.tokenizers[1])[0]
+
+        metrics = score()
+        if self.ema is not None:  # the average is what the best checkpoint is chosen by; the raw weights beside it
+            with self.ema.swapped_in(self.model):
+                metrics = {**score(), **{f"raw_{k}": v for k, v in metrics.items()}}
         metrics["eval_seconds"] = time.perf_counter() - tic
         if self.recorder is not None:
             self.recorder.record(self.model, state.step)
@@ -541,6 +530,10 @@ class Trainer:
         scores = (f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}" if "bleu" in metrics
                   else f"CER {metrics['cer']:.2f}%  WER {metrics['wer']:.2f}%" if "cer" in metrics
                   else f"exact match {metrics['exact_match']:.4f}")
+        if self.ema is not None:
+            scores += "  (moving average; raw weights: " + (
+                f"BLEU {metrics['raw_bleu']:.2f})" if "bleu" in metrics else f"CER {metrics['raw_cer']:.2f}%)"
+                if "cer" in metrics else f"exact match {metrics['raw_exact_match']:.4f})")
         log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  %s  (%.0f s)", state.step, metrics["loss"],
                  metrics["ppl"], metrics["token_acc"], scores, metrics["eval_seconds"])
         return metrics

@@ -31,6 +31,7 @@ class TrainerState:
     bad_updates: int = 0  # NaN/inf updates in a row (train.max_bad_updates)
     skipped_updates: int = 0  # NaN/inf updates in all
     grad_scaler: dict[str, Any] | None = None  # fp16's loss scale
+    ema_updates: int = 0  # updates averaged into the weights' moving average (train.ema; it sets the ramp)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,7 +55,7 @@ class TrainerState:
         return state
 
 
-_COUNTS = ("step", "epoch", "cursor", "bad_evals", "bad_updates", "skipped_updates", "world_size")
+_COUNTS = ("step", "epoch", "cursor", "bad_evals", "bad_updates", "skipped_updates", "world_size", "ema_updates")
 _KINDS: dict[str, tuple[type, ...]] = {**{k: (int,) for k in _COUNTS}, "update_in_epoch": (int,),
                                        "elapsed": (int, float), "param_groups": (list,)}
 
