@@ -104,3 +104,16 @@ def test_bad_ema_settings_and_files_are_named(tmp_path):
     (no_average.path / "ema.safetensors").unlink()
     with pytest.raises(tformer.TformerError, match="holds no ema.safetensors"):
         no_average.weights("ema")
+
+
+def test_averaging_checkpoints_of_an_ema_run_averages_their_moving_averages(tmp_path):
+    from tformer.training.average import average_checkpoints
+
+    cfg = _with(tiny_config(), epochs=2, ema=0.9, keep_last=5)
+    train(cfg, tmp_path / "run")
+    paths = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-2:]
+    out = average_checkpoints(paths, tmp_path / "avg")
+    got = load_checkpoint(out).weights()
+    for k, v in got.items():
+        want = sum(load_checkpoint(p).weights("ema")[k].double() for p in paths) / 2
+        torch.testing.assert_close(v.double(), want, rtol=0, atol=1e-6, msg=k)

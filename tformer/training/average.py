@@ -10,8 +10,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from tformer.model.transformer import upgrade_state
 from tformer.training.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, list_checkpoints, load_checkpoint,
@@ -30,7 +29,8 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
 
 
 def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
-    """Average the weights of `paths` (checkpoint folders of one model) into the new folder `out`."""
+    """Average the weights of `paths` (checkpoint folders of one model) into the new folder `out`: the weights
+    inference would load from each, i.e. its moving average (ema.safetensors, train.ema) where it has one."""
     if len(paths) < 1:
         raise CheckpointError("nothing to average: give at least one checkpoint")
     ckpts = [load_checkpoint(resolve_checkpoint(p)) for p in paths]
@@ -41,10 +41,7 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
                 or c.tokenizers[1].fingerprint() != first.tokenizers[1].fingerprint():
             raise CheckpointError(f"{c.path} and {first.path} are different models (model settings or "
                                   "vocabularies differ); only checkpoints of one run can be averaged")
-        try:
-            tensors = upgrade_state(load_file(str(c.path / "model.safetensors")))
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{c.path / 'model.safetensors'}: cannot be read ({e})") from None
+        tensors = upgrade_state(c.weights())  # what inference loads: the moving average where there is one
         if total and set(tensors) != set(total):
             raise CheckpointError(f"{c.path} holds different tensors than {first.path}")
         for k, v in tensors.items():
