@@ -34,13 +34,16 @@ class TranslationScores:
     bleu_signature: str
     chrf_signature: str
     tok_bleu_signature: str
+    # BLEU on the same Moses tokens lowercased (multi-bleu.perl -lc), as Multi30k / multimodal MT papers report it
+    tok_bleu_lc: float
+    tok_bleu_lc_signature: str
     # tokenized BLEU after compound splitting (`split_compounds`), as WMT14 en-de papers report it; only when
     # asked for (translation_scores(..., compound_split=True)), else None
     tok_bleu_compound: float | None = None
     tok_bleu_compound_signature: str | None = None
 
     def as_dict(self) -> dict[str, float]:
-        d = {"bleu": self.bleu, "chrf": self.chrf, "tok_bleu": self.tok_bleu}
+        d = {"bleu": self.bleu, "chrf": self.chrf, "tok_bleu": self.tok_bleu, "tok_bleu_lc": self.tok_bleu_lc}
         if self.tok_bleu_compound is not None:
             d["tok_bleu_compound"] = self.tok_bleu_compound
         return d
@@ -70,9 +73,14 @@ def split_compounds(line: str) -> str:
 
 def translation_scores(hypotheses: list[str], references: list[str], lang: str = "en", *,
                        compound_split: bool = False) -> TranslationScores:
-    """Corpus sacreBLEU and chrF (with their signatures) and tokenized BLEU of detokenised hypotheses
-    against one reference each. `lang` is the target language, for the Moses tokenizer. With
-    `compound_split`, also tokenized BLEU after `split_compounds` on both sides (`tok_bleu_compound`)."""
+    """Corpus sacreBLEU and chrF (with their signatures) and tokenized BLEU, cased and lowercased, of
+    detokenised hypotheses against one reference each. `lang` is the target language, for the Moses tokenizer.
+    With `compound_split`, also tokenized BLEU after `split_compounds` on both sides (`tok_bleu_compound`).
+
+    Lowercased tokenized BLEU lowercases the Moses tokens (tokenize, then lowercase: the tokens of `tok_bleu`,
+    so it is never below it), as `multi-bleu.perl -lc` on tokenised text does, but with Python's full Unicode
+    `str.lower()` (sacreBLEU's `case:lc`, Moses' lowercase.perl): multi-bleu.perl reads bytes, so its `lc`
+    leaves non-ASCII capitals (Ä, Ö, Ü, É) as they are."""
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses) != len(references):
@@ -80,12 +88,15 @@ def translation_scores(hypotheses: list[str], references: list[str], lang: str =
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
-    tok = BLEU(tokenize="none", force=True)
+    tok, tok_lc = BLEU(tokenize="none", force=True), BLEU(tokenize="none", lowercase=True, force=True)
     tok_hyps, tok_refs = moses_tokenize(hypotheses, lang), moses_tokenize(references, lang)
     t = tok.corpus_score(tok_hyps, [tok_refs])
-    tok_signature = str(tok.get_signature()) + f"|moses:{lang}"
-    scores = TranslationScores(b.score, c.score, t.score, str(bleu.get_signature()), str(chrf.get_signature()),
-                               tok_signature)
+    t_lc = tok_lc.corpus_score(tok_hyps, [tok_refs])  # lowercases both sides, then splits on whitespace
+    moses = f"|moses:{lang}"
+    tok_signature = str(tok.get_signature()) + moses  # ...|case:mixed|...|moses:de
+    scores = TranslationScores(bleu=b.score, chrf=c.score, tok_bleu=t.score, bleu_signature=str(bleu.get_signature()),
+                               chrf_signature=str(chrf.get_signature()), tok_bleu_signature=tok_signature,
+                               tok_bleu_lc=t_lc.score, tok_bleu_lc_signature=str(tok_lc.get_signature()) + moses)
     if compound_split:
         tc = tok.corpus_score([split_compounds(h) for h in tok_hyps], [[split_compounds(r) for r in tok_refs]])
         scores.tok_bleu_compound = tc.score

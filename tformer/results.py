@@ -54,7 +54,7 @@ class Score:
 @dataclass(frozen=True)
 class Evaluation:
     split: str
-    metrics: dict[str, float]  # loss, nll, ppl, token_acc, n; bleu/chrf/tok_bleu, cer/wer or exact_match
+    metrics: dict[str, float]  # loss, nll, ppl, token_acc, n; bleu/chrf/tok_bleu/tok_bleu_lc, cer/wer or exact_match
     sources: list[str]  # source sentences (utterance ids for speech)
     references: list[str]
     outputs: list[str]  # detokenised best hypotheses
