@@ -9,7 +9,7 @@ from typing import Callable, Iterator, Sequence
 
 from tformer.config import DataConfig
 from tformer.data.batching import Batch, Example, collate, model_lengths, token_budget_batches
-from tformer.data.synthetic import SPLITS, symbol_names, synthetic_split
+from tformer.data.synthetic import SPLITS, SYNTHETIC_SPLITS, UNIFORM_SPLIT, symbol_names, synthetic_split
 from tformer.data.text import read_parallel
 from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
@@ -20,14 +20,24 @@ Tokenizers = tuple[Tokenizer, Tokenizer]
 
 log = logging.getLogger("tformer")
 
-__all__ = ["Batch", "Example", "Pair", "SPLITS", "SubwordTokenizer", "TaskData", "Tokenizer", "Tokenizers",
-           "Vocab", "WordTokenizer", "collate", "load_pairs", "load_task", "model_lengths", "token_budget_batches"]
+__all__ = ["Batch", "Example", "Pair", "SPLITS", "SYNTHETIC_SPLITS", "SubwordTokenizer", "TaskData", "Tokenizer",
+           "Tokenizers", "UNIFORM_SPLIT", "Vocab", "WordTokenizer", "collate", "load_pairs", "load_task",
+           "model_lengths", "token_budget_batches"]
+
+
+def check_split(cfg: DataConfig, split: str) -> None:
+    """train, valid, test; and for the synthetic tasks test_uniform (every length in [min_len, max_len] alike)."""
+    if split == UNIFORM_SPLIT and cfg.task not in ("copy", "sort"):
+        raise DataError(f"split '{split}' exists for the synthetic tasks copy and sort only, not data.task "
+                        f"'{cfg.task}'; choose one of {', '.join(SPLITS)}")
+    if split not in SYNTHETIC_SPLITS:
+        raise DataError(f"unknown split '{split}'; choose one of {', '.join(SPLITS)} "
+                        f"(copy, sort: also {UNIFORM_SPLIT})")
 
 
 def load_pairs(cfg: DataConfig, split: str) -> list[Pair]:
     """Token pairs of one split, from the synthetic generator or from cfg.dir (whitespace-tokenised)."""
-    if split not in SPLITS:
-        raise DataError(f"unknown split '{split}'; choose one of {', '.join(SPLITS)}")
+    check_split(cfg, split)
     if cfg.task == "text":
         return read_parallel(cfg.dir, split)
     if cfg.task == "translation":
@@ -88,8 +98,7 @@ def load_task(cfg: DataConfig, splits: tuple[str, ...] = SPLITS, joint: bool = F
     `progress` shows bars while it is). Speech tasks need `feature_dim` (model.feature_dim):
     their sources are frames (S, F), their texts (utterance ids, transcripts)."""
     for s in splits:
-        if s not in SPLITS:
-            raise DataError(f"unknown split '{s}'; choose one of {', '.join(SPLITS)}")
+        check_split(cfg, s)
     if cfg.task == "translation":
         return _load_translation(cfg, splits, joint, tokenizers, progress)
     if cfg.task in ("speech", "synthetic_speech"):
