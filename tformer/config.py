@@ -112,6 +112,8 @@ class DataConfig:
     task: Literal["copy", "sort", "text", "translation", "speech", "synthetic_speech"] = "copy"
     # synthetic tasks (copy, sort): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
     symbols: int = 26  # 'a', 'b', ... then 's26', 's27', ... beyond 26
+    length_distribution: Literal["normal", "uniform"] = "normal"  # uniform: every length in [min_len, max_len]
+    # equally likely (length_mean and length_std unused); the split test_uniform is uniform either way
     length_mean: float = 15.0
     length_std: float = 3.0
     min_len: int = 1
@@ -160,6 +162,10 @@ class DataConfig:
         _check(1 <= self.min_len <= self.max_len, "data.min_len",
                f"need 1 <= min_len <= max_len, got {self.min_len} and {self.max_len}")
         _check(self.length_std >= 0, "data.length_std", f"must be >= 0, got {self.length_std}")
+        _check(self.length_distribution in ("normal", "uniform"), "data.length_distribution",
+               f"must be 'normal' or 'uniform', got {self.length_distribution!r}")
+        _check(self.length_distribution == "normal" or self.task in ("copy", "sort"), "data.length_distribution",
+               f"applies to the synthetic tasks copy and sort; data.task '{self.task}' does not draw lengths")
         for name in ("train_size", "valid_size", "test_size"):
             _check(getattr(self, name) >= 1, f"data.{name}", f"must be >= 1, got {getattr(self, name)}")
         _check(self.task not in ("text", "translation") or self.format == "tsv" or bool(self.dir), "data.dir",
@@ -214,6 +220,7 @@ class TrainConfig:
     eval_every: int = 0  # optimizer updates between evaluations; 0 = once per epoch
     log_every: int = 20
     keep_last: int = 3  # checkpoints kept besides the best
+    keep_best: int = 0  # also keep this many best-validated checkpoints (for `tformer average --best N`)
     save_every: int = 0  # optimizer updates between checkpoints without an evaluation; 0 = at evaluations only
     max_bad_updates: int = 5  # an update whose loss or gradients are NaN/inf is skipped; stop after this many in a row
     deterministic: bool = False  # torch.use_deterministic_algorithms: GPU runs repeat exactly (CPU runs already do)
@@ -234,7 +241,7 @@ class TrainConfig:
                      "max_bad_updates"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
         for name in ("max_sentences", "max_steps", "warmup", "eval_every", "save_every", "threads", "patience",
-                     "attention_examples"):
+                     "attention_examples", "keep_best"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
         _check(self.max_hours >= 0, "train.max_hours", f"must be >= 0, got {self.max_hours}")

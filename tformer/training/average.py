@@ -14,7 +14,19 @@ from safetensors.torch import save_file
 
 from tformer.model.transformer import upgrade_state
 from tformer.training.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, list_checkpoints, load_checkpoint,
-                                      resolve_checkpoint)
+                                      ranked_checkpoints, resolve_checkpoint)
+
+
+def best_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The `n` best-validated checkpoints of a run (`ranked_checkpoints`), in step order."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        raise CheckpointError(f"{run_dir} is not a run folder (no checkpoints/ inside)")
+    ranked = ranked_checkpoints(root)
+    if len(ranked) < n:
+        raise CheckpointError(f"{root} holds {len(ranked)} validated checkpoints, fewer than the {n} asked for "
+                              "(train.keep_best keeps the best ones besides the last train.keep_last)")
+    return sorted(ranked[:n])
 
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:

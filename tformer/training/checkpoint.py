@@ -37,7 +37,7 @@ from tformer.data.vocab import Vocab
 from tformer.errors import CheckpointError, DataError, NoCheckpointError
 from tformer.files import replace_atomically
 from tformer.model.transformer import legacy_parameter_order, upgrade_state
-from tformer.training.state import TrainerState, check_fields
+from tformer.training.state import TrainerState, check_fields, validation_key
 
 Tokenizers = tuple[Tokenizer, Tokenizer]
 
@@ -143,9 +143,12 @@ def save_checkpoint(
     keep_last: int = 3,
     rng_states: list[Tensor] | None = None,
     ema: dict[str, Tensor] | None = None,
+    keep_best: int = 0,
 ) -> Path:
     """Write step `step` (see the module docstring). `rng_states`: the random state of every process of a
-    torchrun job, rank order (default: this process's). `ema`: the weights' moving average (train.ema)."""
+    torchrun job, rank order (default: this process's). `ema`: the weights' moving average (train.ema).
+    Kept afterwards: the `keep_last` latest, the `keep_best` best validated (`ranked_checkpoints`), and the
+    ones `best` and `latest` name."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:07d}"
@@ -171,7 +174,7 @@ def save_checkpoint(
     except OSError as e:
         raise CheckpointError(f"wrote {final}, but could not update {root / 'latest'} ({e.strerror or e}); "
                               "free space and continue with --resume") from None
-    _prune(root, keep_last)
+    _prune(root, keep_last, keep_best)
     return final
 
 
@@ -227,8 +230,9 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(dirs, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
-def _prune(root: Path, keep_last: int) -> None:
+def _prune(root: Path, keep_last: int, keep_best: int = 0) -> None:
     keep = {_pointer(root, "best"), _pointer(root, "latest")}
+    keep |= {p.name for p in ranked_checkpoints(root)[:keep_best]}
     complete = list_checkpoints(root)
     for p in complete[:-keep_last] if keep_last else complete:
         if p.name not in keep:
@@ -236,6 +240,20 @@ def _prune(root: Path, keep_last: int) -> None:
     for p in root.glob(".tmp-*"):  # left by a crash of an earlier process
         if not p.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def ranked_checkpoints(root: Path) -> list[Path]:
+    """The complete checkpoints in `root` that were written at a validation, best first (`validation_key` of
+    the metrics their trainer.json records; a tie keeps the earlier step first)."""
+    scored = []
+    for p in list_checkpoints(root):
+        try:
+            valid = json.loads((p / "trainer.json").read_text(encoding="utf-8")).get("valid")
+        except (OSError, ValueError):
+            continue
+        if isinstance(valid, dict) and "loss" in valid:
+            scored.append((validation_key(valid), p))
+    return [p for _, p in sorted(scored, key=lambda kp: kp[0], reverse=True)]
 
 
 def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:

@@ -38,7 +38,7 @@ from tformer.training.precision import Precision
 from tformer.training.loss import generator_loss
 from tformer.training.batches import Batches, prefetch
 from tformer.training.schedule import learning_rate
-from tformer.training.state import TrainerState
+from tformer.training.state import TrainerState, validation_key
 
 log = logging.getLogger("tformer")
 
@@ -205,14 +205,8 @@ def _grad_norm(model: torch.nn.Module, clip_norm: float) -> float:
 
 
 def _better(metrics: dict[str, float], best: dict[str, Any] | None) -> bool:
-    """Higher validation BLEU (translation), lower character error rate (speech) or higher exact match
-    (synthetic tasks) wins; ties go to the lower validation loss. Never the test set."""
-    if best is None:
-        return True
-    if "cer" in metrics:
-        return (-metrics["cer"], -metrics["loss"]) > (-best.get("cer", math.inf), -best["loss"])
-    key = "bleu" if "bleu" in metrics else "exact_match"
-    return (metrics.get(key, 0.0), -metrics["loss"]) > (best.get(key, 0.0), -best["loss"])
+    """A better validation than the best so far (`validation_key`)."""
+    return best is None or validation_key(metrics) > validation_key(best)
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -457,9 +451,10 @@ class Trainer:
         rng = distributed.gather_rng(ctx)
         path = self.run_dir / "checkpoints" / f"step_{state.step:07d}"
         if ctx.main:
-            path = save_checkpoint(self.run_dir, state.step, self.model, self.optimizer, state.to_json(), self.cfg,
+            info = {**state.to_json(), **({"valid": metrics} if metrics else {})}  # this checkpoint's validation
+            path = save_checkpoint(self.run_dir, state.step, self.model, self.optimizer, info, self.cfg,
                                    self.tokenizers, best=best, keep_last=self.t.keep_last, rng_states=rng,
-                                   ema=None if self.ema is None else self.ema.state())
+                                   ema=None if self.ema is None else self.ema.state(), keep_best=self.t.keep_best)
         distributed.barrier(ctx)
         return path
 

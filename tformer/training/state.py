@@ -55,6 +55,14 @@ class TrainerState:
         return state
 
 
+def validation_key(metrics: dict[str, Any]) -> tuple[float, float]:
+    """How validations rank, larger is better: BLEU (translation), lower character error rate (speech) or
+    exact match (synthetic tasks), ties going to the lower validation loss. Never the test set."""
+    if "cer" in metrics:
+        return -metrics["cer"], -metrics["loss"]
+    return metrics.get("bleu" if "bleu" in metrics else "exact_match", 0.0), -metrics["loss"]
+
+
 _COUNTS = ("step", "epoch", "cursor", "bad_evals", "bad_updates", "skipped_updates", "world_size", "ema_updates")
 _KINDS: dict[str, tuple[type, ...]] = {**{k: (int,) for k in _COUNTS}, "update_in_epoch": (int,),
                                        "elapsed": (int, float), "param_groups": (list,)}
