@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +38,15 @@ from torch import Tensor
 
 from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
 from tformer.data.corpus import iter_lines, normalize
-from tformer.errors import ConfigError, DataError, NoCheckpointError
+from tformer.errors import ConfigError, DataError
 from tformer.files import writing
 from tformer.inference import BatchType, Source, batching, model_from, score_ids, translate_ids
 from tformer.inspection import attention_maps, check_alignment, hard_alignments, token_labels
+from tformer.model.ensemble import Ensemble
 from tformer.results import (SCORE_FORMATS, Alignment, Evaluation, Hypothesis, Score, Translation, format_score,
                              format_translation, parse_pair)
 from tformer.training.checkpoint import Checkpoint, load_checkpoint
+from tformer.training.start import prepare, train, train_config  # noqa: F401  (the public API: tformer.train)
 
 MAX_SOURCE_TOKENS = 1024  # default limit on a source's pieces: attention memory grows with its square
 CHUNK = 10_000  # sentences read, sorted by length and decoded together by the streaming forms
@@ -124,9 +125,21 @@ class Translator:
         fields = decode_fields(beam, nbest, batch_size, settings.pop("batch_tokens", None))
         return updated(self.config.decode, "decode", {**settings, **fields})
 
+    @property
+    def ensemble(self) -> bool:
+        """True when several checkpoints decode together (`tformer.load([...])`)."""
+        return isinstance(self.model, Ensemble)
+
+    def _one_model(self, what: str) -> None:
+        if self.ensemble:
+            raise ConfigError(f"{what} come from one model's forward pass; this Translator is an ensemble of "
+                              f"{len(self.model.models)} checkpoints, which only decodes: load one checkpoint")
+
     def _extras(self, return_attention: bool = False, alignment: bool = False, alignment_layer: int = -1,
                 alignment_heads: Sequence[int] | None = None) -> _Extras:
-        heads = check_alignment(self.model, alignment_layer, alignment_heads)
+        if return_attention or alignment:
+            self._one_model("attention maps and alignments")
+        heads = None if self.ensemble else check_alignment(self.model, alignment_layer, alignment_heads)
         return _Extras(bool(return_attention), bool(alignment), alignment_layer, heads)
 
     def _source(self, source: Any, where: str) -> Source | None:
@@ -399,6 +412,7 @@ class Translator:
 
     def _score(self, pairs: list[tuple[Source, list[int]]], cfg: DecodeConfig, batch_type: BatchType,
                extras: _Extras) -> list[Score]:
+        self._one_model("forced-decoding scores")
         logps = score_ids(self.model, [s for s, _ in pairs], [t for _, t in pairs], *batching(cfg, batch_type))
         aligned = self._align(pairs, cfg, batch_type, extras) if extras.alignment else [None] * len(pairs)
         out = []
@@ -433,7 +447,8 @@ class Translator:
         speech = cfg.data.task in SPEECH_TASKS
         tic = time.perf_counter()
         metrics, hyps = evaluate(self.model, data.examples[split], cfg, decode=decode,
-                                 references=refs if speech else None, tokenizer=self.target_tokenizer)
+                                 references=refs if speech else None, tokenizer=self.target_tokenizer,
+                                 forced=not self.ensemble)
         seconds = time.perf_counter() - tic
         outputs = [self.decode(h) for h in hyps]
         scores = (translation_scores(outputs, refs, cfg.data.tgt_lang, compound_split=cfg.data.tgt_lang == "de")
@@ -494,10 +509,13 @@ def _device(device: str | torch.device | None) -> torch.device:
 # ---------------------------------------------------------------------------------------- load, train, build
 
 
-def load(path: str | Path, which: str = "best", *, device: str | torch.device | None = None,
+def load(path: str | Path | Sequence[str | Path], which: str = "best", *, device: str | torch.device | None = None,
          threads: int | None = None, max_source_tokens: int = MAX_SOURCE_TOKENS, attention: str | None = None,
          overrides: Sequence[str] = (), **decode: Any) -> Translator:
-    """A Translator for a run folder (its `which` checkpoint: 'best' or 'latest') or a checkpoint folder.
+    """A Translator for a run folder (its `which` checkpoint: 'best' or 'latest') or a checkpoint folder; given
+    a list of them, an ensemble (tformer.model.ensemble: the models' log-probabilities averaged at every step)
+    that translates and evaluates (not score, attention or alignments), with the first one's tokenizers and
+    settings (the others must have the same vocabularies).
 
     device: 'cpu', 'cuda', 'cuda:N'; default the GPU when there is one. threads: torch's intra-op threads
     (process-wide). max_source_tokens: longer sources are refused (0: no limit). attention: the kernel
@@ -512,66 +530,26 @@ def load(path: str | Path, which: str = "best", *, device: str | torch.device | 
         raise ConfigError(f"max_source_tokens must be a whole number >= 0 (0: no limit), got {max_source_tokens!r}")
     target = _device(device)
     check_inference_overrides(list(overrides))
-    ckpt = load_checkpoint(path, which=which, overrides=list(overrides))
-    cfg = ckpt.cfg
-    if attention is not None:
-        cfg = dataclasses.replace(cfg, model=updated(cfg.model, "model", {"attention": attention}))
-    cfg = dataclasses.replace(cfg, decode=updated(cfg.decode, "decode", decode))
-    ckpt = dataclasses.replace(ckpt, cfg=cfg)
-    return Translator(ckpt, model_from(ckpt, target), max_source_tokens)
-
-
-def train_config(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *,
-                 resume: bool = False, overrides: Sequence[str] = ()) -> Config:
-    """The configuration `train` runs with these arguments (what `--print-config` shows)."""
-    from tformer.config import from_dict, load_config, merge_overrides, to_dict
-
-    overrides = list(overrides)
-    if resume and run_dir is None:
-        raise ConfigError("resuming needs the run folder to continue (run_dir, --run-dir)")
-    if isinstance(config, Config):
-        return from_dict(merge_overrides(to_dict(config), overrides)) if overrides else config
-    if config is not None:
-        return Config.from_yaml(config, overrides)
-    if not resume:
-        raise ConfigError("training needs a config: a tformer.Config, a YAML file or a recipe name such as "
-                          "'copy' (--config)")
-    try:
-        return load_checkpoint(run_dir, which="latest", overrides=overrides).cfg
-    except NoCheckpointError:  # stopped before its first checkpoint: the run folder's config restarts it
-        if not (Path(run_dir) / "config.yaml").is_file():
-            raise
-        return load_config(Path(run_dir) / "config.yaml", overrides)
-
-
-def train(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
-          overrides: Sequence[str] = (), progress: bool = False):
-    """Train a model into `run_dir`, or continue the run there (`resume=True`). `config`: a Config, or a
-    YAML recipe (a path, or a packaged recipe's name such as 'copy'), with dotted `overrides` applied on top;
-    to resume, it may be left out: the run's own configuration is used, overrides on top. Without
-    `run_dir`, a new folder under runs/. Under torchrun every process calls this with the same arguments.
-    Returns a TrainResult (run folder, latest checkpoint, step, best validation metrics, time)."""
-    from tformer.training.loop import train as train_loop
-
-    cfg = train_config(config, run_dir, resume=resume, overrides=overrides)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run_dir is None:
-        raise ConfigError("under torchrun, give the run folder (--run-dir): every process must write to the same")
-    if run_dir is None:
-        stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
-        run_dir = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return train_loop(cfg, run_dir, resume=resume, progress=progress)
-
-
-def prepare(config: Config | str | Path, out: str | Path, *, overrides: Sequence[str] = (),
-            splits: Sequence[str] = ("train", "valid", "test"), progress: bool = False):
-    """Encode a translation corpus once into memory-mapped shards in `out` (`tformer prepare`): SentencePiece
-    trained on a seeded sample of the training pairs (data.tokenizer_sample), every split encoded by
-    data.workers processes. An interrupted prepare continues where it stopped when called again; a folder
-    holding another corpus is refused. Train on it with data.prepared=OUT. Returns the PreparedCorpus."""
-    from tformer.data.prepare import prepare as prepare_corpus
-
-    cfg = train_config(config, overrides=overrides)
-    return prepare_corpus(cfg.data, out, splits, progress=progress)
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    if not paths:
+        raise ConfigError("load needs a checkpoint or run folder (a list: at least one)")
+    ckpts = []
+    for p in paths:
+        ckpt = load_checkpoint(p, which=which, overrides=list(overrides))
+        cfg = ckpt.cfg
+        if attention is not None:
+            cfg = dataclasses.replace(cfg, model=updated(cfg.model, "model", {"attention": attention}))
+        ckpts.append(dataclasses.replace(ckpt, cfg=dataclasses.replace(cfg, decode=updated(cfg.decode, "decode",
+                                                                                           decode))))
+    first = ckpts[0]
+    for c in ckpts[1:]:
+        if any(a.fingerprint() != b.fingerprint() for a, b in zip(c.tokenizers, first.tokenizers)):
+            raise ConfigError(f"{c.path} and {first.path} have different vocabularies; an ensemble's checkpoints "
+                              "must share their tokenizers (runs of one recipe on one corpus)")
+        if c.cfg.model.source != first.cfg.model.source:
+            raise ConfigError(f"{c.path} and {first.path} read different inputs (model.source)")
+    models = [model_from(c, target) for c in ckpts]
+    return Translator(first, models[0] if len(models) == 1 else Ensemble(models), max_source_tokens)
 
 
 def build_model(config: Config | ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None):

@@ -45,12 +45,12 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
 
 def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_running: bool = True,
              decode: DecodeConfig | None = None, references: list[str] | None = None,
-             tokenizer: Tokenizer | None = None) -> tuple[dict[str, float], list[list[int]]]:
-    """Teacher-forced metrics plus, if asked, free-running decoding (`decode`, else cfg.decode) scored by
-    whole-sequence exact match or, given `references` and the target `tokenizer`, by sacreBLEU, chrF and
-    tokenized BLEU of the detokenised output (speech tasks: character and word error rates). Returns the
-    metrics and the hypotheses (ids)."""
-    metrics = teacher_forced(model, examples, cfg)
+             tokenizer: Tokenizer | None = None, forced: bool = True) -> tuple[dict[str, float], list[list[int]]]:
+    """Teacher-forced metrics (unless `forced` is False: an ensemble has no one loss) plus, if asked,
+    free-running decoding (`decode`, else cfg.decode) scored by whole-sequence exact match or, given
+    `references` and the target `tokenizer`, by sacreBLEU, chrF and tokenized BLEU of the detokenised output
+    (speech tasks: character and word error rates). Returns the metrics and the hypotheses (ids)."""
+    metrics = teacher_forced(model, examples, cfg) if forced else {}
     hyps: list[list[int]] = []
     if free_running:
         hyps = [n[0] for n in translate_ids(model, [s for s, _ in examples], decode or cfg.decode).tokens]

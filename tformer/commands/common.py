@@ -7,6 +7,8 @@ import argparse
 import sys
 
 CHECKPOINT_HELP = "run folder (uses its best checkpoint) or checkpoint folder"
+ENSEMBLE_HELP = CHECKPOINT_HELP + ("; given several times, an ensemble: the models' log-probabilities averaged at "
+                                   "every step")
 INFERENCE_OVERRIDES = ("settings that may change after training: decode.*, model.attention, and where the corpus is "
                        "(data.dir, data.prepared)")
 
@@ -86,7 +88,9 @@ def load_translator(args: argparse.Namespace, **kwargs):
     """tformer.load on --checkpoint with the decoding flags and overrides of the command line."""
     from tformer.api import load
 
-    return load(args.checkpoint, overrides=decode_overrides(args), **kwargs)
+    paths = args.checkpoint  # a path, or a list of them (--checkpoint given several times: an ensemble)
+    return load(paths[0] if isinstance(paths, list) and len(paths) == 1 else paths,
+                overrides=decode_overrides(args), **kwargs)
 
 
 def print_config(cfg) -> None:

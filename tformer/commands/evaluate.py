@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
                         "teacher-forced loss and accuracy, then free-running decoding scored by sacreBLEU, "
                         "chrF and tokenized BLEU, cased and lowercased (translation), character and word error "
                         "rates (speech) or exact match (synthetic tasks).")
-    sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
+    sp.add_argument("--checkpoint", required=True, action="append", help=common.ENSEMBLE_HELP)
     sp.add_argument("--split", default="test", choices=("train", "valid", "test", "test_uniform"),
                     help="test_uniform (copy, sort): test_size sequences, every length in [data.min_len, "
                     "data.max_len] alike, whatever the training lengths were")

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                         "('0-0 1-2 2-1', Marian's format; with --nbest: 'index ||| translation ||| score ||| "
                         "alignment'). Every line is checked before any is translated, and --output is written "
                         "only when all is done. Interactive when stdin is a terminal (without --prefix-file).")
-    sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
+    sp.add_argument("--checkpoint", required=True, action="append", help=common.ENSEMBLE_HELP)
     sp.add_argument("--input", help="input file, plain or gzip (default: standard input)")
     sp.add_argument("--output", help="output file (default: standard output)")
     sp.add_argument("--prefix-file", metavar="FILE", help="one target prefix per input line (plain or gzip; an "

@@ -1,0 +1,66 @@
+"""Starting work from Python (the public API re-exports these from tformer.api): `train` a model into a run
+folder or continue one, the configuration it would run with (`train_config`), and `prepare` a corpus."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from tformer.config import Config
+from tformer.errors import ConfigError, NoCheckpointError
+from tformer.training.checkpoint import load_checkpoint
+
+
+def train_config(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *,
+                 resume: bool = False, overrides: Sequence[str] = ()) -> Config:
+    """The configuration `train` runs with these arguments (what `--print-config` shows)."""
+    from tformer.config import from_dict, load_config, merge_overrides, to_dict
+
+    overrides = list(overrides)
+    if resume and run_dir is None:
+        raise ConfigError("resuming needs the run folder to continue (run_dir, --run-dir)")
+    if isinstance(config, Config):
+        return from_dict(merge_overrides(to_dict(config), overrides)) if overrides else config
+    if config is not None:
+        return Config.from_yaml(config, overrides)
+    if not resume:
+        raise ConfigError("training needs a config: a tformer.Config, a YAML file or a recipe name such as "
+                          "'copy' (--config)")
+    try:
+        return load_checkpoint(run_dir, which="latest", overrides=overrides).cfg
+    except NoCheckpointError:  # stopped before its first checkpoint: the run folder's config restarts it
+        if not (Path(run_dir) / "config.yaml").is_file():
+            raise
+        return load_config(Path(run_dir) / "config.yaml", overrides)
+
+
+def train(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
+          overrides: Sequence[str] = (), progress: bool = False):
+    """Train a model into `run_dir`, or continue the run there (`resume=True`). `config`: a Config, or a
+    YAML recipe (a path, or a packaged recipe's name such as 'copy'), with dotted `overrides` applied on top;
+    to resume, it may be left out: the run's own configuration is used, overrides on top. Without
+    `run_dir`, a new folder under runs/. Under torchrun every process calls this with the same arguments.
+    Returns a TrainResult (run folder, latest checkpoint, step, best validation metrics, time)."""
+    from tformer.training.loop import train as train_loop
+
+    cfg = train_config(config, run_dir, resume=resume, overrides=overrides)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run_dir is None:
+        raise ConfigError("under torchrun, give the run folder (--run-dir): every process must write to the same")
+    if run_dir is None:
+        stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
+        run_dir = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return train_loop(cfg, run_dir, resume=resume, progress=progress)
+
+
+def prepare(config: Config | str | Path, out: str | Path, *, overrides: Sequence[str] = (),
+            splits: Sequence[str] = ("train", "valid", "test"), progress: bool = False):
+    """Encode a translation corpus once into memory-mapped shards in `out` (`tformer prepare`): SentencePiece
+    trained on a seeded sample of the training pairs (data.tokenizer_sample), every split encoded by
+    data.workers processes. An interrupted prepare continues where it stopped when called again; a folder
+    holding another corpus is refused. Train on it with data.prepared=OUT. Returns the PreparedCorpus."""
+    from tformer.data.prepare import prepare as prepare_corpus
+
+    cfg = train_config(config, overrides=overrides)
+    return prepare_corpus(cfg.data, out, splits, progress=progress)
