@@ -17,11 +17,16 @@ from tformer.training.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError
                                       ranked_checkpoints, resolve_checkpoint)
 
 
-def best_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
-    """The `n` best-validated checkpoints of a run (`ranked_checkpoints`), in step order."""
+def _checkpoints_folder(run_dir: str | Path) -> Path:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         raise CheckpointError(f"{run_dir} is not a run folder (no checkpoints/ inside)")
+    return root
+
+
+def best_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The `n` best-validated checkpoints of a run (`ranked_checkpoints`), in step order."""
+    root = _checkpoints_folder(run_dir)
     ranked = ranked_checkpoints(root)
     if len(ranked) < n:
         raise CheckpointError(f"{root} holds {len(ranked)} validated checkpoints, fewer than the {n} asked for "
@@ -30,9 +35,7 @@ def best_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
 
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        raise CheckpointError(f"{run_dir} is not a run folder (no checkpoints/ inside)")
+    root = _checkpoints_folder(run_dir)
     found = list_checkpoints(root)
     if len(found) < n:
         raise CheckpointError(f"{root} holds {len(found)} complete checkpoints, fewer than the {n} asked for "
