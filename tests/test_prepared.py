@@ -271,7 +271,8 @@ def test_training_on_a_prepared_corpus_killed_and_resumed_equals_a_straight_run(
     run = tmp_path / "killed"
     p = _train(run, prepared)
     deadline = time.time() + 300
-    while time.time() < deadline and not (run / "checkpoints" / "step_0000006" / "trainer.json").exists():
+    latest = run / "checkpoints" / "latest"  # the pointer, not the folder: it is replaced just after the rename
+    while time.time() < deadline and not (latest.exists() and latest.read_text().strip() >= "step_0000006"):
         time.sleep(0.02)
     p.kill()
     p.communicate()
