@@ -136,6 +136,8 @@ class DataConfig:
     tsv: str = ""
     tsv_columns: tuple[int, int] = (0, 1)  # 0-based columns of source and target
     subword: Literal["bpe", "unigram"] = "bpe"
+    subword_sampling: float = 0.0  # training side only: re-segment each training pair at every use, seeded by
+    # (train.seed, epoch, batch): BPE-dropout with this probability (bpe), or sampling with this alpha (unigram)
     vocab_size: int = 8000  # pieces per SentencePiece model, the 4 specials included
     joint_vocab: bool = True  # one model for both sides (needed by model.share_embeddings)
     character_coverage: float = 1.0
@@ -162,6 +164,10 @@ class DataConfig:
         _check(1 <= self.min_len <= self.max_len, "data.min_len",
                f"need 1 <= min_len <= max_len, got {self.min_len} and {self.max_len}")
         _check(self.length_std >= 0, "data.length_std", f"must be >= 0, got {self.length_std}")
+        _check(0.0 <= self.subword_sampling < 1.0, "data.subword_sampling",
+               f"must be in [0, 1) (0: off), got {self.subword_sampling}")
+        _check(not self.subword_sampling or self.task == "translation", "data.subword_sampling",
+               f"re-segments SentencePiece subwords: data.task 'translation' only, not '{self.task}'")
         _check(self.length_distribution in ("normal", "uniform"), "data.length_distribution",
                f"must be 'normal' or 'uniform', got {self.length_distribution!r}")
         _check(self.length_distribution == "normal" or self.task in ("copy", "sort"), "data.length_distribution",

@@ -75,6 +75,16 @@ class SubwordTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.sp.encode(texts)
 
+    def sample_batch(self, texts: list[str], alpha: float, seed: int) -> list[list[int]]:
+        """Sampled segmentations of `texts` (BPE-dropout with probability `alpha` for a BPE model, subword
+        regularisation with smoothing `alpha` for a unigram one), the same for the same `seed` (SentencePiece's
+        generator is process-wide: seeded here, then used in order, on one thread: its pool's threads would
+        each draw from a generator of their own)."""
+        import sentencepiece as spm
+
+        spm.set_random_generator_seed(seed)
+        return self.sp.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
+
     def decode(self, ids: Iterable[int]) -> str:
         out = []
         for i in ids:

@@ -6,6 +6,8 @@ import queue
 import threading
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from tformer.config import Config
 from tformer.data import Batch, Example, Vocab, collate, model_lengths
 from tformer.data.batching import BatchPlan
@@ -20,9 +22,10 @@ class Batches:
 
     RELEASE_EVERY = 256  # updates between handing mapped pages back
 
-    def __init__(self, examples: Sequence[Example], cfg: Config, ctx: Context) -> None:
+    def __init__(self, examples: Sequence[Example], cfg: Config, ctx: Context,
+                 sampling: "SubwordSampling | None" = None) -> None:
         t = cfg.train
-        self.examples, self.seed, self.ctx = examples, t.seed, ctx
+        self.examples, self.seed, self.ctx, self.sampling = examples, t.seed, ctx, sampling
         self.plan = BatchPlan(*model_lengths(examples, cfg.model.frame_skip), t.max_tokens, t.max_sentences)
         self.group = t.accum_steps * ctx.world
         self.per_epoch = -(-len(self.plan) // self.group)
@@ -32,10 +35,34 @@ class Batches:
         batches = self.plan.epoch(self.seed, epoch)
         release = getattr(self.examples, "release", None)
         for u in range(start, self.per_epoch):
-            mine = batches[u * self.group : (u + 1) * self.group][self.ctx.rank :: self.ctx.world]
-            yield [collate([self.examples[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos) for idx in mine]
+            mine = range(u * self.group, min((u + 1) * self.group, len(batches)))[self.ctx.rank :: self.ctx.world]
+            yield [self._collate(batches[b], epoch, b) for b in mine]
             if release is not None and u % self.RELEASE_EVERY == self.RELEASE_EVERY - 1:
                 release()
+
+    def _collate(self, idx: Sequence[int], epoch: int, b: int) -> Batch:
+        """Batch `b` of `epoch` (examples `idx`), re-segmented when subword sampling is on."""
+        examples = (self.sampling.examples(idx, self.seed, epoch, b) if self.sampling is not None
+                    else [self.examples[i] for i in idx])
+        return collate(examples, idx, Vocab.pad, Vocab.bos, Vocab.eos)
+
+
+class SubwordSampling:
+    """`data.subword_sampling`: each training pair segmented afresh at every use from its text, by the
+    SentencePiece model of its side with sampling on (BPE-dropout, or unigram sampling), seeded by (seed,
+    epoch, batch): the same batch always gets the same pieces, so a resumed run continues exactly. The batch
+    plan keeps the deterministic segmentation's lengths; a sampled one is longer (up to a few percent past
+    train.max_tokens). The training texts are held in memory."""
+
+    def __init__(self, texts: tuple[list[str], list[str]], tokenizers: tuple[Any, Any], alpha: float) -> None:
+        self.sources, self.targets = texts
+        self.tokenizers, self.alpha = tokenizers, alpha
+
+    def examples(self, idx: Sequence[int], seed: int, epoch: int, b: int) -> list[Example]:
+        state = np.random.SeedSequence([seed, epoch, b]).generate_state(2)  # one seed per side
+        src = self.tokenizers[0].sample_batch([self.sources[i] for i in idx], self.alpha, int(state[0]))
+        tgt = self.tokenizers[1].sample_batch([self.targets[i] for i in idx], self.alpha, int(state[1]))
+        return list(zip(src, tgt))
 
 
 def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:

@@ -36,7 +36,7 @@ from tformer.training.distributed import Context, all_reduce_update
 from tformer.training.ema import EMA
 from tformer.training.precision import Precision
 from tformer.training.loss import generator_loss
-from tformer.training.batches import Batches, prefetch
+from tformer.training.batches import Batches, SubwordSampling, prefetch
 from tformer.training.schedule import learning_rate
 from tformer.training.state import TrainerState, validation_key
 
@@ -261,7 +261,9 @@ class Trainer:
         self.tokenizers = data.tokenizers
         self.train_examples, self.valid_examples = data.examples["train"], data.examples["valid"]
         self.valid_refs = data.texts["valid"][1] if cfg.data.task in ("translation", *SPEECH_TASKS) else None
-        self.batches = Batches(self.train_examples, cfg, ctx)  # planned before the model: its temporaries go first
+        sampling = (SubwordSampling(data.texts["train"], data.tokenizers, cfg.data.subword_sampling)
+                    if cfg.data.subword_sampling else None)
+        self.batches = Batches(self.train_examples, cfg, ctx, sampling)  # planned before the model (its temporaries)
         self.model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab)).to(ctx.device)
         distributed.broadcast_parameters(ctx, self.model)
         if ctx.rank:  # dropout masks differ between processes (rank 0 keeps the single-process stream)
