@@ -424,18 +424,23 @@ def test_a_burst_of_mixed_requests_gets_only_answers_or_clear_refusals(bounded):
         except OSError as e:  # a dropped connection: a failure of this test
             return job, (None, {"error": repr(e)})
 
-    with concurrent.futures.ThreadPoolExecutor(48) as pool:
-        results = list(pool.map(one, jobs))
-    counts = {}
-    for (body, expected, key), (status, out) in results:
-        counts[status] = counts.get(status, 0) + 1
-        if status == 503:  # the queue's (JSON) or uvicorn's connection limit (plain text)
-            assert out["error"].startswith("busy") or out["error"] == "Service Unavailable"
-        elif expected == 200:
-            assert status == 200 and out["hypotheses"] == alone[key]
-        else:
-            assert status == expected and key in out["error"]
-    assert None not in counts and sum(counts.values()) == len(jobs) and counts.get(200, 0) >= 1
+    counts: dict = {}
+    for _ in range(3):  # a burst may meet every slot still taken (by connections closing): then another
+        with concurrent.futures.ThreadPoolExecutor(48) as pool:
+            results = list(pool.map(one, jobs))
+        counts = {}
+        for (body, expected, key), (status, out) in results:
+            counts[status] = counts.get(status, 0) + 1
+            if status == 503:  # the queue's (JSON) or uvicorn's connection limit (plain text)
+                assert out["error"].startswith("busy") or out["error"] == "Service Unavailable"
+            elif expected == 200:
+                assert status == 200 and out["hypotheses"] == alone[key]
+            else:
+                assert status == expected and key in out["error"]
+        assert None not in counts and sum(counts.values()) == len(jobs)
+        if counts.get(200, 0):
+            break
+    assert counts.get(200, 0) >= 1, counts
     assert httpd.service.batcher.pending == 0
     for s in sentences:  # recovered
         status, out = _post(url, {"text": s, "beam": 2, "nbest": 1})
