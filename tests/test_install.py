@@ -162,6 +162,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     demo = tmp_path / "demo-run"
     r = run([tformer, "demo", "--run-dir", demo, "--no-progress", *QUICK], work, env, "tformer demo", timeout=300)
     assert re.search(r"exact match\D*\d", r.stdout), f"no test exact match in the demo's output:\n{r.stdout}"
+    assert re.search(r"test_uniform .*every length 1-8 alike\): exact match \d", r.stdout), r.stdout
     assert "->" in r.stdout, f"no decoded examples in the demo's output:\n{r.stdout}"
     assert (demo / "checkpoints" / "latest").is_file(), f"{demo} holds {sorted(p.name for p in demo.rglob('*'))}"
     assert not list(work.iterdir()), f"the demo wrote into its working folder: {list(work.iterdir())}"

@@ -63,9 +63,12 @@ def test_uniform_lengths_cover_every_length_alike():
     assert sorted(counts) == list(range(4, 27))  # every length, nothing outside [min_len, max_len]
     assert all(300 <= c <= 500 for c in counts.values()), counts  # 400 expected each; the std is about 20
     assert all(t == sorted(s) for s, t in train)
-    # the lengths a Normal(15, 3) would give almost never reach 26; uniform ones do, in every split
-    for split in ("valid", "test"):
-        assert Counter(len(s) for s, _ in synthetic_split(cfg, split))[26] > 20
+    # the lengths a Normal(15, 3) would give almost never reach 26; uniform ones do, in validation too
+    assert Counter(len(s) for s, _ in synthetic_split(cfg, "valid"))[26] > 20
+    # the test split stays DGL's benchmark whatever the training lengths (test_uniform measures every length)
+    assert synthetic_split(cfg, "test") == synthetic_split(dataclasses.replace(cfg, length_distribution="normal"),
+                                                           "test")
+    assert Counter(len(s) for s, _ in synthetic_split(cfg, "test"))[26] < 3
     # seeded as the normal generator is: deterministic, one generator per split, data.seed changes it
     assert train == synthetic_split(cfg, "train")
     assert train == synthetic_split(dataclasses.replace(cfg, valid_size=7, test_size=5), "train")

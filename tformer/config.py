@@ -112,8 +112,8 @@ class DataConfig:
     task: Literal["copy", "sort", "text", "translation", "speech", "synthetic_speech"] = "copy"
     # synthetic tasks (copy, sort): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
     symbols: int = 26  # 'a', 'b', ... then 's26', 's27', ... beyond 26
-    length_distribution: Literal["normal", "uniform"] = "normal"  # uniform: every length in [min_len, max_len]
-    # equally likely (length_mean and length_std unused); the split test_uniform is uniform either way
+    length_distribution: Literal["normal", "uniform"] = "normal"  # of train and valid; uniform: every length in
+    # [min_len, max_len] equally likely. The test splits do not follow it: test is DGL's, test_uniform uniform
     length_mean: float = 15.0
     length_std: float = 3.0
     min_len: int = 1

@@ -27,11 +27,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"training the copy task ({recipe}) into {run_dir} ...", flush=True)
     result = train(recipe, run_dir, overrides=args.overrides, progress=args.progress)
     translator = load(run_dir, device="cpu")
-    test = translator.evaluate("test")
-    m = test.metrics
+    test, uniform = translator.evaluate("test"), translator.evaluate("test_uniform")
+    m, u = test.metrics, uniform.metrics
+    low, high = translator.config.data.min_len, translator.config.data.max_len
     print(f"\ntrained {result.step} steps in {result.elapsed:.0f}s; best checkpoint {translator.path}")
-    print(f"test ({m['n']} sequences): exact match {m['exact_match']:.4f} (free-running greedy), "
+    print(f"test ({m['n']} sequences, DGL's lengths): exact match {m['exact_match']:.4f} (free-running greedy), "
           f"token accuracy {m['token_acc']:.4f} (teacher-forced)")
+    print(f"test_uniform ({u['n']} sequences, every length {low}-{high} alike): exact match {u['exact_match']:.4f}")
     common.show_examples(test.sources, test.references, test.outputs, 5)
     print(f"\nnext: tformer translate --checkpoint {run_dir}   (type a line of letters, e.g. 'h e l l o')")
     print(f"      tformer animate {run_dir}   (GIFs of the attention over training)   tformer plot {run_dir}")

@@ -1,13 +1,14 @@
 """Synthetic tasks, deterministic under a seed: copy (output = input) and sort (output = sorted input).
 
 DGL's recipe: train/valid/test 9000/1000/1000, symbols 'a'..'z', lengths ~ Normal(15, 3) rounded down
-and clipped (here to [min_len, max_len]); data.length_distribution=uniform draws them uniformly from
-[min_len, max_len] instead. Each split draws from its own seeded generator, so changing one split's size
-never changes another split.
+and clipped (here to [min_len, max_len]); data.length_distribution=uniform draws the lengths of train and
+valid uniformly from [min_len, max_len] instead. Each split draws from its own seeded generator, so changing
+one split's size never changes another split.
 
-One more split, 'test_uniform', measures every length alike whatever the training distribution: test_size
-sequences, lengths uniform over [min_len, max_len], from a generator of its own. Its short sequences may well
-appear in the training split too (there are only `symbols` sequences of length 1).
+The two test splits are benchmarks, the same whatever the training lengths: 'test' is always DGL's (Normal
+lengths), and 'test_uniform' measures every length alike: test_size sequences, lengths uniform over
+[min_len, max_len], from a generator of its own. Its short sequences may well appear in the training split too
+(there are only `symbols` sequences of length 1).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def synthetic_split(cfg: DataConfig, split: str) -> list[tuple[list[str], list[s
             UNIFORM_SPLIT: cfg.test_size}[split]
     g = torch.Generator().manual_seed(cfg.seed * 1000 + SYNTHETIC_SPLITS.index(split))
     names = symbol_names(cfg.symbols)
-    uniform = split == UNIFORM_SPLIT or cfg.length_distribution == "uniform"
+    uniform = split == UNIFORM_SPLIT or (split != "test" and cfg.length_distribution == "uniform")
     pairs = []
     for n in synthetic_lengths(cfg, size, uniform, g):
         ids = torch.randint(cfg.symbols, (n,), generator=g).tolist()
