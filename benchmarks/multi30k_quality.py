@@ -28,20 +28,18 @@ from common import report  # noqa: E402
 
 import tformer  # noqa: E402
 from tformer.training.average import average_checkpoints, best_checkpoints, last_checkpoints  # noqa: E402
+from tformer.training.checkpoint import resolve_checkpoint  # noqa: E402
 
 
 def training_record(run_dir: Path) -> tuple[int, float, int]:
-    """(updates, wall seconds, torch threads) of a finished run, from its metrics.jsonl and config."""
-    step = elapsed = 0
-    for line in (run_dir / "metrics.jsonl").open():
-        rec = json.loads(line)
-        step, elapsed = max(step, rec.get("step", 0)), max(elapsed, rec.get("elapsed", 0.0))
+    """(updates, wall seconds, torch threads) of a run, from its latest checkpoint and its config."""
+    state = json.loads((resolve_checkpoint(run_dir, "latest") / "trainer.json").read_text())
     threads = tformer.Config.from_yaml(run_dir / "config.yaml").train.threads
-    return step, elapsed, threads
+    return state["step"], state["elapsed"], threads
 
 
 def candidates(run_dir: Path, n: int, out: Path) -> dict[str, Path]:
-    found = {"best": run_dir / "checkpoints" / "best"}
+    found = {"best": run_dir}  # a run folder loads as its best-validated checkpoint
     for name, pick in ((f"last {n} averaged", last_checkpoints), (f"best {n} averaged", best_checkpoints)):
         target = out / f"{run_dir.name}-{name.split()[0]}{n}"
         if not target.exists():
