@@ -31,7 +31,8 @@ from tformer.evaluation import evaluate
 from tformer.model import Transformer, build_model
 from tformer.training import distributed
 from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
-                                      load_checkpoint, load_tokenizers, save_checkpoint, save_tokenizers)
+                                      load_checkpoint, load_tokenizers, resolve_checkpoint, save_checkpoint,
+                                      save_tokenizers)
 from tformer.training.distributed import Context, all_reduce_update
 from tformer.training.ema import EMA
 from tformer.training.precision import Precision
@@ -316,6 +317,12 @@ class Trainer:
 
     def run(self) -> TrainResult:
         t, state, ctx = self.t, self.state, self.ctx
+        ended = self._ended() if self.resumed else ""
+        if ended:  # resumed at an end it had reached: no update, no evaluation, nothing written
+            log.info("the run already ended at step %d (%s): nothing to do; raise that limit to train on",
+                     state.step, ended)
+            latest = resolve_checkpoint(self.run_dir, "latest")
+            return TrainResult(self.run_dir, latest, state.step, state.best, state.elapsed, state.reached_target)
         if (self.resumed or self.restarted) and ctx.main:
             _truncate_metrics(self.run_dir / "metrics.jsonl", state.step)
         self.recorder = self._recorder()
@@ -393,6 +400,16 @@ class Trainer:
 
     def _elapsed(self) -> float:
         return self.elapsed0 + time.perf_counter() - self.session_start
+
+    def _ended(self) -> str:
+        """The limit a resumed run had already reached when it stopped ('' if none): what the loop stops on."""
+        t, state = self.t, self.state
+        return next((why for why, reached in (
+            (f"train.max_steps={t.max_steps}", t.max_steps and state.step >= t.max_steps),
+            (f"train.epochs={t.epochs}", state.epoch >= t.epochs),
+            (f"train.max_hours={t.max_hours:g}", t.max_hours and state.elapsed >= t.max_hours * 3600),
+            (f"train.target_exact_match={t.target_exact_match:g}", t.target_exact_match and state.reached_target),
+            (f"train.patience={t.patience}", t.patience and state.bad_evals >= t.patience)) if reached), "")
 
     def _out_of_time(self) -> bool:
         if self.t.max_hours and self._elapsed() >= self.t.max_hours * 3600:
