@@ -2,6 +2,9 @@
 would decode with, chosen on validation only, then scored on test2016.
 
     python benchmarks/multi30k_quality.py runs/A [runs/B ...] [--average 10] [--beam 5] [--record]
+    python benchmarks/multi30k_quality.py runs/fra_en --title "fra-en (Tatoeba) test" --test-name test
+
+Any translation run works: --title names the table and --test-name the test split's column.
 
 For each run: the best checkpoint (by validation during training), the average of its last N checkpoints and
 the average of its N best-validated ones (`tformer average --last N` / `--best N`; a run with `train.ema`
@@ -63,9 +66,11 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("runs/averaged"), help="where averaged checkpoints go")
     ap.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("--title", default="Multi30k en-de test2016", help="what the table reports (its heading)")
+    ap.add_argument("--test-name", default="test2016", help="the test split's name in the table")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    table = ["| run | updates | training time | candidate | valid sacreBLEU (chooses) | test2016 sacreBLEU | "
+    table = [f"| run | updates | training time | candidate | valid sacreBLEU (chooses) | {args.test_name} sacreBLEU | "
              "tok BLEU | **lc tok BLEU** | chrF |", "|---|---|---|---|---|---|---|---|---|"]
     chosen, signatures, total = [], ("", ""), 0.0
 
@@ -94,7 +99,7 @@ def main() -> None:
              "chose. tok BLEU: BLEU on Moses-tokenized text; lc tok BLEU: the same tokens lowercased (multi-bleu.perl "
              f"-lc on Moses-tokenized text, as the literature reports). Signatures: sacreBLEU `{signatures[0]}`; "
              f"lc tok BLEU `{signatures[1]}`.")
-    report("Multi30k en-de test2016: candidates chosen on validation", table, notes, args.record)
+    report(f"{args.title}: candidates chosen on validation", table, notes, args.record)
 
 
 if __name__ == "__main__":
