@@ -72,7 +72,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     table = [f"| run | updates | training time | candidate | valid sacreBLEU (chooses) | {args.test_name} sacreBLEU | "
              "tok BLEU | **lc tok BLEU** | chrF |", "|---|---|---|---|---|---|---|---|---|"]
-    chosen, signatures, total = [], ("", ""), 0.0
+    chosen, best_valid, signatures, total = [], 0.0, ("", ""), 0.0
 
     def row(run: str, steps: str, time_: str, name: str, valid: dict, test: dict, mark: bool) -> None:
         nonlocal signatures
@@ -89,14 +89,17 @@ def main() -> None:
         valid = {name: scores(path, "valid", args.beam) for name, path in found.items()}
         pick = max(valid, key=lambda name: valid[name]["bleu"])
         chosen.append(found[pick])
+        best_valid = max(best_valid, valid[pick]["bleu"])
         for name, path in found.items():
             row(run_dir.name, str(step), f"{elapsed / 60:.0f} min ({threads or 'all'} thread{'s' * (threads != 1)})",
                 name, valid[name], scores(path, "test", args.beam), name == pick)
     if len(chosen) > 1:
+        valid = scores(chosen, "valid", args.beam)
         row("ensemble of the runs' choices", "", f"{total / 60:.0f} min in all", f"{len(chosen)} models",
-            scores(chosen, "valid", args.beam), scores(chosen, "test", args.beam), True)
-    notes = (f"Beam {args.beam}, length penalty from each recipe's decode settings. Bold: the candidate validation "
-             "chose. tok BLEU: BLEU on Moses-tokenized text; lc tok BLEU: the same tokens lowercased (multi-bleu.perl "
+            valid, scores(chosen, "test", args.beam), valid["bleu"] > best_valid)
+    notes = (f"Beam {args.beam}, length penalty from each recipe's decode settings. Bold: each run's candidate chosen "
+             "on validation, and the ensemble when validation prefers it to every run's choice. tok BLEU: BLEU on "
+             "Moses-tokenized text; lc tok BLEU: the same tokens lowercased (multi-bleu.perl "
              f"-lc on Moses-tokenized text, as the literature reports). Signatures: sacreBLEU `{signatures[0]}`; "
              f"lc tok BLEU `{signatures[1]}`.")
     report(f"{args.title}: candidates chosen on validation", table, notes, args.record)
