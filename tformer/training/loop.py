@@ -283,7 +283,6 @@ class Trainer:
         self.state.ema_updates = 0 if self.ema is None else self.ema.updates
         self.resumed = ckpt is not None
         self.last_eval_step = self.state.step if ckpt else -1
-        self.stop_early = False
         self.window = _Window()
         if ctx.main:
             save_config(cfg, run_dir / "config.yaml")
@@ -317,7 +316,7 @@ class Trainer:
 
     def run(self) -> TrainResult:
         t, state, ctx = self.t, self.state, self.ctx
-        ended = self._ended() if self.resumed else ""
+        ended = self._limit(state.elapsed) if self.resumed else ""
         if ended:  # resumed at an end it had reached: no update, no evaluation, nothing written
             log.info("the run already ended at step %d (%s): nothing to do; raise that limit to train on",
                      state.step, ended)
@@ -336,7 +335,7 @@ class Trainer:
         metrics_log = (open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if ctx.main
                        else contextlib.nullcontext())
         self.model.train()
-        stop, interrupted = bool(t.max_steps and state.step >= t.max_steps), False
+        stop = interrupted = False
         with _StopOnSigint() as sigint, bar, metrics_log as self.metrics_log, self.board or contextlib.nullcontext():
             while state.epoch < t.epochs and not stop:
                 updates = prefetch(self.batches.updates(state.epoch, state.cursor))
@@ -352,9 +351,11 @@ class Trainer:
                         elif t.save_every and state.step % t.save_every == 0:
                             self.checkpoint(None)
                         # every process stops at the same update: the flags of all of them count
-                        interrupted, late = distributed.any_rank(ctx, sigint.requested, self._out_of_time())
-                        stop = (state.reached_target or bool(t.max_steps and state.step >= t.max_steps)
-                                or interrupted or self.stop_early or late)
+                        limit = self._limit(self._elapsed())
+                        interrupted, limited = distributed.any_rank(ctx, sigint.requested, bool(limit))
+                        stop = interrupted or limited
+                        if limit:
+                            log.info("%s reached at step %d", limit, state.step)
                         if stop or state.cursor == 0:
                             break
                 finally:
@@ -401,21 +402,16 @@ class Trainer:
     def _elapsed(self) -> float:
         return self.elapsed0 + time.perf_counter() - self.session_start
 
-    def _ended(self) -> str:
-        """The limit a resumed run had already reached when it stopped ('' if none): what the loop stops on."""
+    def _limit(self, elapsed: float) -> str:
+        """The limit the run has reached after `elapsed` seconds of training ('' if none): what the loop stops
+        on, and what a resumed run checks before it takes an update."""
         t, state = self.t, self.state
         return next((why for why, reached in (
             (f"train.max_steps={t.max_steps}", t.max_steps and state.step >= t.max_steps),
             (f"train.epochs={t.epochs}", state.epoch >= t.epochs),
-            (f"train.max_hours={t.max_hours:g}", t.max_hours and state.elapsed >= t.max_hours * 3600),
+            (f"train.max_hours={t.max_hours:g}", t.max_hours and elapsed >= t.max_hours * 3600),
             (f"train.target_exact_match={t.target_exact_match:g}", t.target_exact_match and state.reached_target),
             (f"train.patience={t.patience}", t.patience and state.bad_evals >= t.patience)) if reached), "")
-
-    def _out_of_time(self) -> bool:
-        if self.t.max_hours and self._elapsed() >= self.t.max_hours * 3600:
-            log.info("train.max_hours=%g reached at step %d", self.t.max_hours, self.state.step)
-            return True
-        return False
 
     def _write(self, record: dict[str, Any]) -> None:
         if not self.ctx.main:
@@ -511,8 +507,7 @@ class Trainer:
             shared, metrics = distributed.broadcast_object(ctx, (state.to_json(), metrics))
             for key, value in shared.items():  # in place: the loop holds this object
                 setattr(state, key, value)
-        if t.patience and state.bad_evals >= t.patience:
-            self.stop_early = True
+        if t.patience and state.bad_evals >= t.patience:  # the loop stops on it (`_limit`)
             log.info("no better validation %s in %d evaluations: stopping early (best: step %s)",
                      "BLEU" if "bleu" in metrics else "CER" if "cer" in metrics else "score", t.patience,
                      state.best_step)
