@@ -82,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     table = [f"| run | updates | training time | candidate | len penalty | valid sacreBLEU (chooses) | "
-             f"{args.test_name} sacreBLEU | tok BLEU | **lc tok BLEU** | chrF |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"{args.test_name} sacreBLEU | tok BLEU | **lc tok BLEU** | chrF |", "|---" * 10 + "|"]
     chosen, best_valid, signatures, total = [], 0.0, ("", ""), 0.0
 
     def row(run: str, steps: str, time_: str, name: str, valid: dict, test: dict, mark: bool) -> None:
