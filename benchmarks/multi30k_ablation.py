@@ -124,7 +124,8 @@ def main() -> None:
                if args.len_penalty else "from each recipe")
     notes = (f"Every run: train.max_hours={args.hours} on one thread of the 2-core CPU, {args.parallel} runs side by "
              f"side. Beam {args.beam}, length penalty {penalty}. The averaging and ensemble rows build on the row "
-             "with the best validation sacreBLEU; the averaging (best checkpoint, last or best N averaged) is chosen on validation too. "
+             "with the best validation sacreBLEU; the averaging (best checkpoint, last or best N averaged) is "
+             "chosen on validation too. "
              "lc tok BLEU: lowercased BLEU on Moses-tokenized text, as the multimodal-MT literature reports.")
     report(f"Multi30k en-de ablation at an equal budget ({args.hours} h per run)", table, notes, args.record)
 
