@@ -74,17 +74,20 @@ def test_resume_continues_exactly(tmp_path):
         x == pytest.approx(y, abs=1e-6) for x, y in zip(losses("split"), losses("full")))
 
 
-@pytest.mark.parametrize("limit", [{"max_steps": 5}, {"epochs": 1}, {"max_hours": 1e-9}])
+@pytest.mark.parametrize("limit", [{"max_steps": 5}, {"epochs": 1}, {"max_hours": 1e-9}, {"patience": 1}])
 def test_resuming_a_run_that_reached_its_limit_changes_nothing(tmp_path, limit):
     """A finished run resumed with the same limit takes no update, evaluates nothing and writes nothing (a
     benchmark may resume every run it lists); raising the limit trains on from where it stopped."""
-    cfg = _with(tiny_config(), **{"epochs": 3, "eval_every": 2, **limit})
+    unlimited = _with(tiny_config(), epochs=3, eval_every=2)
+    cfg = _with(unlimited, **limit)
     first = train(cfg, tmp_path / "r")
+    assert first.step < train(unlimited, tmp_path / "unlimited").step  # the limit stopped it
     files = {p: p.read_bytes() for p in sorted((tmp_path / "r").rglob("*")) if p.is_file()}
     again = train(cfg, tmp_path / "r", resume=True)
     assert (again.step, again.checkpoint, again.best) == (first.step, first.checkpoint, first.best)
     assert {p: p.read_bytes() for p in sorted((tmp_path / "r").rglob("*")) if p.is_file()} == files
-    more = train(_with(cfg, max_steps=first.step + 2, epochs=3, max_hours=0.0), tmp_path / "r", resume=True)
+    more = train(_with(cfg, max_steps=first.step + 2, epochs=3, max_hours=0.0, patience=0), tmp_path / "r",
+                 resume=True)
     assert more.step == first.step + 2
 
 
