@@ -580,7 +580,8 @@ def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context, progress: bool = 
 
 def _tensorboard(run_dir: Path, resumed_step: int | None):
     """A SummaryWriter on RUN_DIR/tensorboard; a resume drops the events after its checkpoint."""
-    return _summary_writer_class()(str(run_dir / "tensorboard"), purge_step=None if resumed_step is None else resumed_step + 1)
+    purge_step = None if resumed_step is None else resumed_step + 1
+    return _summary_writer_class()(str(run_dir / "tensorboard"), purge_step=purge_step)
 
 
 def _summary_writer_class():
