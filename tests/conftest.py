@@ -6,8 +6,36 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from tformer.config import Config, DataConfig, ModelConfig, TrainConfig
+
+# Hypothesis profiles, for every test module (HYPOTHESIS_PROFILE picks one): `ci`, the default, is derandomized
+# so that a CI run is reproducible; `random` draws the same number of examples afresh each run (reproduce one
+# with --hypothesis-seed=N); `long` draws 20x as many.
+_QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", max_examples=60, derandomize=True, database=None, deadline=None,
+                          suppress_health_check=_QUIET)
+settings.register_profile("random", max_examples=60, database=None, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile("long", max_examples=1200, database=None, deadline=None, suppress_health_check=_QUIET)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+SCALE = {"ci": 1, "random": 1, "long": 20}[PROFILE]
+
+# What batching may change in a score (README, "Outputs and batching"): tokens and texts never; a log-probability
+# only in its last float32 digits, per token within REL of max(1, |value|), so a sum within REL of its absolute
+# value plus REL per token.
+REL = 1e-5
+
+
+def assert_same_scores(got, want) -> None:
+    """`got` and `want`, lists of tformer Score (forced decoding) for the same pairs, agree as batching promises:
+    the same tokens and alignments, every log-probability within REL (per token: of max(1, |value|))."""
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.tokens == w.tokens and g.alignment == w.alignment, i
+        assert g.token_log_probs == pytest.approx(w.token_log_probs, rel=REL, abs=REL), i
+        assert g.log_prob == pytest.approx(w.log_prob, rel=REL, abs=REL * len(w.tokens)), i
 
 
 def tiny_config(**model) -> Config:

@@ -2,7 +2,8 @@
 generated ones. Each property states its oracle: a round trip, a brute-force recomputation, a run on a
 smaller batch, or "a result or a ValueError naming the file, never anything else".
 
-Profiles: `ci` (default; derandomized, so CI runs are reproducible) and `long` (random, 20x the examples):
+Profiles (tests/conftest.py): `ci` (default; derandomized, so CI runs are reproducible), `random` (the same
+counts drawn afresh; --hypothesis-seed=N repeats a run) and `long` (random, 20x the examples):
     HYPOTHESIS_PROFILE=long pytest tests/test_properties.py --hypothesis-show-statistics
 """
 
@@ -11,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-import os
 import string
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from conftest import SCALE
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tformer.config import Config, ConfigError, DecodeConfig, ModelConfig, load_config
@@ -30,12 +31,6 @@ from tformer.masks import bipartite_graph, decoder_mask, padding_mask, self_grap
 from tformer.model import build_model
 from tformer.structures import FULL
 
-settings.register_profile("ci", max_examples=60, derandomize=True, database=None, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-settings.register_profile("long", max_examples=1200, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-SCALE = {"ci": 1, "long": 20}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 
 # ------------------------------------------------------------------------------------------ tokenizers
 
