@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tformer
-from conftest import REL
+from conftest import REL, assert_same_scores
 from tformer.config import DecodeConfig
 from tformer.data import Vocab
 from tformer.errors import CheckpointError, ConfigError, DataError, TformerError
@@ -194,6 +194,41 @@ def test_batching_never_changes_the_output(translator, batch):
     for options in ({}, {"beam": 4, "nbest": 2}):
         want = [[h.text for h in t.hypotheses] for t in translator.translate(LINES, **options)]
         assert [[h.text for h in t.hypotheses] for t in translator.translate(LINES, **options, **batch)] == want
+
+
+@pytest.mark.parametrize("options", [{}, {"beam": 4, "nbest": 2}, {"strategy": "sample", "seed": 1, "nbest": 2}])
+def test_cancelled_sentences_leave_the_batch_and_the_others_decode_as_they_would_have(translator, options):
+    """Sentences 2, 5 and 6 are given up on from the 3rd decoding step (the empty 21st never is decoded): they
+    come back None, the search stops computing their rows, and every other output is what it was without
+    them (texts exactly, scores within the batching promise)."""
+    model, step, rows = translator.model, translator.model.decode_step, []
+
+    def spy(prev, cache):
+        rows.append(prev.shape[0])
+        return step(prev, cache)
+
+    gone = {2, 5, 6, 21}
+    model.decode_step = spy
+    try:
+        want = translator.translate(LINES, batch_size=8, **options)
+        full, rows[:] = list(rows), []
+        got = translator.translate(LINES, batch_size=8, cancelled=lambda i: i in gone and len(rows) >= 2, **options)
+    finally:
+        del model.decode_step
+    assert [i for i, t in enumerate(got) if t is None] == [2, 5, 6]
+    assert got[21].text == "" and sum(rows) < sum(full) and len(rows) <= len(full)
+    for t, w in ((t, w) for t, w in zip(got, want) if t is not None):
+        assert [h.text for h in t.hypotheses] == [h.text for h in w.hypotheses]
+        assert [h.score for h in t.hypotheses] == pytest.approx([h.score for h in w.hypotheses], rel=REL, abs=REL)
+    assert translator.translate(LINES[:3], cancelled=lambda i: True, **options) == [None] * 3
+
+
+def test_cancelled_pairs_are_not_scored(translator):
+    targets = [t.text for t in translator.translate(LINES)]
+    want = translator.score(LINES[:8], targets[:8], alignment=True)
+    got = translator.score(LINES[:8], targets[:8], alignment=True, batch_size=3, cancelled=lambda i: i % 3 == 1)
+    assert [i for i, s in enumerate(got) if s is None] == [1, 4, 7]
+    assert_same_scores([s for s in got if s is not None], [s for i, s in enumerate(want) if i % 3 != 1])
 
 
 def test_translate_file_checks_every_line_first_and_writes_atomically(translator, tmp_path):

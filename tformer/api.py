@@ -30,7 +30,7 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -202,7 +202,7 @@ class Translator:
                   prefix: Sequence[str | None] | None = None, batch_size: int | None = None,
                   batch_type: BatchType = "examples", return_attention: bool = False, alignment: bool = False,
                   alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
-                  **settings: Any) -> list[Translation]:
+                  cancelled: Callable[[int], bool] | None = None, **settings: Any) -> list[Translation]:
         """Translate every source (raw sentences, or frame arrays for a frame encoder); one Translation per
         source, in order. Every source is checked before any is decoded. `prefix`: one string (or None) per
         source that its outputs must begin with. `batch_size` sentences per batch, or with batch_type
@@ -211,16 +211,19 @@ class Translator:
         piece (not </s>) its cross-attention weighs most, averaged over `alignment_heads` (None: all) of
         decoder layer `alignment_layer` (-1: the last; a universal transformer's ACT step), as pairs
         (source index, target index) over `source_tokens` (a frame encoder: its model frames) and the
-        hypothesis' `tokens` (fairseq's --print-alignment; tformer.inspection.hard_alignments). `settings`:
-        more DecodeConfig fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram,
-        temperature, top_k, top_p, seed, batch_tokens, quantize)."""
+        hypothesis' `tokens` (fairseq's --print-alignment; tformer.inspection.hard_alignments).
+        `cancelled(i)`, asked before every batch and decoding step, True once source i's translation is no
+        longer wanted: it leaves its batch at once (the others decode as they would have) and its entry is None
+        (tformer serve gives up on a request past its time limit this way). `settings`: more DecodeConfig
+        fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, temperature, top_k,
+        top_p, seed, batch_tokens, quantize)."""
         _check_list(sources, "sources")
         _check_batch_type(batch_type)
         cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)
         extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
         prefixes = self._prefixes(prefix, len(sources))
         checked = self._sources(sources, lambda i: f"sources[{i}]")
-        return self._translate(checked, cfg, prefixes, batch_type, extras)
+        return self._translate(checked, cfg, prefixes, batch_type, extras, cancelled)
 
     def translate_iterable(self, sources: Iterable[Any], *, prefix: Iterable[str | None] | None = None,
                            chunk_size: int = CHUNK, name: str = "the input", prefix_name: str = "the prefixes",
@@ -314,15 +317,22 @@ class Translator:
                             "per input line")
 
     def _translate(self, checked: list[Source | None], cfg: DecodeConfig, prefixes: list[list[int]] | None,
-                   batch_type: BatchType, extras: _Extras) -> list[Translation]:
+                   batch_type: BatchType, extras: _Extras, cancelled: Callable[[int], bool] | None = None
+                   ) -> list[Translation]:
         live = [i for i, s in enumerate(checked) if s is not None]
+        gone = None if cancelled is None else (lambda j: cancelled(live[j]))
         nbest = translate_ids(self.model, [checked[i] for i in live], cfg,
-                              None if prefixes is None else [prefixes[i] for i in live], batch_type) if live else None
-        aligned = iter(self._align([(checked[i], h) for j, i in enumerate(live) for h in nbest.tokens[j]], cfg,
-                                   batch_type, extras) if live and extras.alignment else ())
+                              None if prefixes is None else [prefixes[i] for i in live], batch_type,
+                              gone) if live else None
+        kept = [(j, i) for j, i in enumerate(live) if nbest.tokens[j] is not None]
+        aligned = iter(self._align([(checked[i], h) for j, i in kept for h in nbest.tokens[j]], cfg,
+                                   batch_type, extras) if kept and extras.alignment else ())
         empty = [] if extras.alignment else None
         out = [Translation([], [Hypothesis("", [], 0.0, None, empty)]) for _ in checked]  # empty sources
         for j, i in enumerate(live):
+            if nbest.tokens[j] is None:
+                out[i] = None  # cancelled
+                continue
             src, hyps = checked[i], nbest.tokens[j]
             src_pieces = [] if isinstance(src, Tensor) else self.pieces(src, "source")
             maps = [None] * len(hyps)
@@ -343,11 +353,12 @@ class Translator:
 
     def score(self, sources: Sequence[Any], targets: Sequence[str], *, batch_size: int | None = None,
               batch_type: BatchType = "examples", batch_tokens: int | None = None, return_attention: bool = False,
-              alignment: bool = False, alignment_layer: int = -1,
-              alignment_heads: Sequence[int] | None = None) -> list[Score]:
+              alignment: bool = False, alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
+              cancelled: Callable[[int], bool] | None = None) -> list[Score]:
         """Forced decoding (fairseq's score, CTranslate2's score_batch): the log-probability of each target
         given its source, token by token, </s> included. A target may be empty (</s> alone); a source may
-        not. `alignment`: as `translate`, over the target's pieces."""
+        not. `alignment`: as `translate`, over the target's pieces. `cancelled`: as `translate` (asked
+        before every batch)."""
         _check_list(sources, "sources")
         _check_list(targets, "targets")
         if len(sources) != len(targets):
@@ -356,7 +367,7 @@ class Translator:
         cfg = self.decode_settings(batch_size=batch_size, batch_tokens=batch_tokens)
         extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
         pairs = [self._pair(s, t, f"sources[{i}]", f"targets[{i}]") for i, (s, t) in enumerate(zip(sources, targets))]
-        return self._score(pairs, cfg, batch_type, extras)
+        return self._score(pairs, cfg, batch_type, extras, cancelled)
 
     def score_iterable(self, pairs: Iterable[tuple[Any, str]], *, chunk_size: int = CHUNK, name: str = "the input",
                        first_line: int = 1, **options: Any) -> Iterator[Score]:
@@ -411,12 +422,20 @@ class Translator:
             done += len(chunk)
 
     def _score(self, pairs: list[tuple[Source, list[int]]], cfg: DecodeConfig, batch_type: BatchType,
-               extras: _Extras) -> list[Score]:
+               extras: _Extras, cancelled: Callable[[int], bool] | None = None) -> list[Score]:
         self._one_model("forced-decoding scores")
-        logps = score_ids(self.model, [s for s, _ in pairs], [t for _, t in pairs], *batching(cfg, batch_type))
-        aligned = self._align(pairs, cfg, batch_type, extras) if extras.alignment else [None] * len(pairs)
+        logps = score_ids(self.model, [s for s, _ in pairs], [t for _, t in pairs], *batching(cfg, batch_type),
+                          cancelled=cancelled)
+        kept = [i for i, logp in enumerate(logps) if logp is not None]
+        aligned: list[Alignment | None] = [None] * len(pairs)
+        if extras.alignment and kept:
+            for i, alignment in zip(kept, self._align([pairs[i] for i in kept], cfg, batch_type, extras)):
+                aligned[i] = alignment
         out = []
         for (src, tgt), logp, alignment in zip(pairs, logps, aligned):
+            if logp is None:
+                out.append(None)  # cancelled
+                continue
             maps = None
             if extras.attention:
                 labels = None if isinstance(src, Tensor) else [self.pieces(src, "source")]

@@ -52,6 +52,11 @@ class Limits:
     max_nbest: int = 8
     max_queue: int = 8  # translations waiting for (or in) the model; more are answered 503 at once
 
+    @classmethod
+    def of(cls, settings: Settings) -> "Limits":
+        """The explorer's limits on a server with these settings (tformer serve's page)."""
+        return cls(settings.max_chars, settings.max_tokens, settings.max_beam, settings.max_nbest, settings.max_queue)
+
 
 def server_settings(limits: Limits, max_connections: int = 64) -> Settings:
     """The tformer.serve settings `tformer explore` runs its server with: the explorer's limits, 64 KiB bodies."""
@@ -121,12 +126,12 @@ class Explorer:
         text = request.get("text")
         if not isinstance(text, str):
             raise RequestError("'text' must be a string: the sentence to translate")
+        if len(text) > self.limits.max_chars:  # as sent, spaces included
+            raise RequestError(f"'text' has {len(text)} characters; the limit is {self.limits.max_chars} "
+                               "(start the explorer with a larger --max-chars to change it)")
         text = text.strip()
         if not text:
-            raise RequestError("type a sentence to translate")
-        if len(text) > self.limits.max_chars:
-            raise RequestError(f"the sentence has {len(text)} characters; the limit is {self.limits.max_chars} "
-                               "(start the explorer with a larger --max-chars to change it)")
+            raise RequestError("'text' is blank: type a sentence to translate")
         beam, nbest = request.get("beam", self.defaults["beam"]), request.get("nbest", self.defaults["nbest"])
         for name, value, top in (("beam", beam, self.limits.max_beam), ("nbest", nbest, self.limits.max_nbest)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
@@ -138,7 +143,7 @@ class Explorer:
         if target is not None and (not isinstance(target, str) or not target.strip()):
             raise RequestError("'target' must be a non-empty string (a translation to force), or left out")
         if target is not None and len(target) > self.limits.max_chars:
-            raise RequestError(f"the forced target has {len(target)} characters; the limit is "
+            raise RequestError(f"'target' (the forced translation) has {len(target)} characters; the limit is "
                                f"{self.limits.max_chars}")
         return text, beam, nbest, target
 
@@ -160,8 +165,11 @@ class Explorer:
         """An /api/translate request's fields and the source's length, checked (no model work)."""
         text, beam, nbest, target = self._parse(request)
         pieces = self.translator.pieces(self.translator.encode(text), "source")
+        if not pieces:
+            raise RequestError(f"'text' is {text!r}: nothing the model reads (control characters or spaces); type a "
+                               "sentence to translate")
         if len(pieces) > self.limits.max_tokens:
-            raise RequestError(f"the sentence is {len(pieces)} pieces long; the limit is {self.limits.max_tokens} "
+            raise RequestError(f"'text' is {len(pieces)} pieces long; the limit is {self.limits.max_tokens} "
                                "(--max-tokens)")
         return Query(text, beam, nbest, target, pieces)
 

@@ -3,6 +3,7 @@ out. Text never appears here (tformer.api turns text into ids and back).
 
     translate_ids(model, sources, decode, prefixes=None)   -> NBest, in input order
     score_ids(model, sources, targets)                     -> per-token log-probabilities (</s> included)
+    ... cancelled=f                                        f(i) True: sentence i is no longer wanted (None)
     load_model(path, which, overrides, device)             -> (Checkpoint, model in eval mode)
 
 Sources are id lists without specials (</s> is added here), or float frames (S, F) for a frame encoder.
@@ -10,7 +11,9 @@ Batches take sentences longest first: `batch_size` sentences each (batch_type "e
 fit `batch_size` tokens counted as sentences x longest source, padded (batch_type "tokens"); with
 decode.batch_tokens > 0, batches of that many tokens unless a caller asks for "tokens" itself (`batching`).
 No sentence's result depends on the batch it lands in (the searches drop finished sentences; tests compare
-batch 1 and 7).
+batch 1 and 7), and so a sentence can leave its batch when its caller gives up on it: `cancelled(i)`, asked
+before every batch and every decoding step, True once sentence i's result is no longer wanted; its entry in
+the result is then None, and the other sentences' results stay what they would have been.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 from torch import Tensor
@@ -32,6 +35,7 @@ from tformer.training.checkpoint import Checkpoint, load_checkpoint
 
 Source = list[int] | Tensor  # ids without specials, or frames (S, F)
 BatchType = Literal["examples", "tokens"]
+Cancelled = Callable[[int], bool]  # a sentence's index in the input -> True once its result is not wanted
 
 
 def decode_batches(lengths: Sequence[int], batch_size: int, batch_type: BatchType = "examples") -> list[list[int]]:
@@ -75,41 +79,65 @@ def _lengths(sources: list[Source]) -> list[int]:
 
 @torch.inference_mode()
 def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
-                  prefixes: list[list[int]] | None = None, batch_type: BatchType = "examples") -> NBest:
+                  prefixes: list[list[int]] | None = None, batch_type: BatchType = "examples",
+                  cancelled: Cancelled | None = None) -> NBest:
     """Decode every source with the search `cfg` describes; results in input order. `prefixes` (one id list
     per source, possibly empty) force the start of each output. The length limit is a * (model source
-    length) + b: tokens, or model frames after stacking."""
+    length) + b: tokens, or model frames after stacking. `cancelled`: see the module docstring (a cancelled
+    sentence's tokens and scores are None)."""
     was_training = model.training
     model.eval()
-    tokens: list[list[list[int]]] = [[] for _ in sources]
-    scores: list[list[float]] = [[] for _ in sources]
+    tokens: list[list[list[int]] | None] = [[] for _ in sources]
+    scores: list[list[float] | None] = [[] for _ in sources]
     try:
         for rows in decode_batches(_lengths(sources), *batching(cfg, batch_type)):
+            stop = None
+            if cancelled is not None:
+                rows = [i for i in rows if not cancelled(i)]
+                if not rows:
+                    continue
+                stop = _stop(cancelled, rows)
             src, src_lengths = _source_batch(model, [sources[i] for i in rows])
             enc = model.encode(src, src_lengths)
             cache = model.init_cache(enc)
             n_src = enc.mask.sum(1) - (0 if src.is_floating_point() else 1)  # (B,) without </s>
             limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
             prefix = [prefixes[i] for i in rows] if prefixes is not None else None
-            hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix)
+            hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop)
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:
         model.train(was_training)
+    for i in _gone(cancelled, len(sources)):
+        tokens[i] = scores[i] = None
     return NBest(tokens, scores)
+
+
+def _stop(cancelled: Cancelled, rows: list[int]):
+    """The searches' stop function (tformer.decode.Stop) for a batch of input sentences `rows`."""
+    return lambda live: [cancelled(rows[r]) for r in live]
+
+
+def _gone(cancelled: Cancelled | None, n: int) -> list[int]:
+    return [] if cancelled is None else [i for i in range(n) if cancelled(i)]
 
 
 @torch.inference_mode()
 def score_ids(model: Transformer, sources: list[Source], targets: list[list[int]], batch_size: int = 250,
-              batch_type: BatchType = "examples") -> list[list[float]]:
+              batch_type: BatchType = "examples", cancelled: Cancelled | None = None) -> list[list[float] | None]:
     """Forced decoding: the log-probability of every target token and of the closing </s> under the model
-    (len(target) + 1 values per pair), by one teacher-forced forward pass per batch."""
+    (len(target) + 1 values per pair), by one teacher-forced forward pass per batch. `cancelled`: see the
+    module docstring (asked before every batch)."""
     was_training = model.training
     model.eval()
-    out: list[list[float]] = [[] for _ in sources]
+    out: list[list[float] | None] = [[] for _ in sources]
     lengths = [max(a, len(t) + 1) for a, t in zip(_lengths(sources), targets)]
     try:
         for rows in decode_batches(lengths, batch_size, batch_type):
+            if cancelled is not None:
+                rows = [i for i in rows if not cancelled(i)]
+                if not rows:
+                    continue
             src, src_lengths = _source_batch(model, [sources[i] for i in rows])
             device = src.device
             tgt_in = pad_sequences([targets[i] for i in rows], Vocab.pad, first=Vocab.bos)[0].to(device)  # (B, T)
@@ -124,6 +152,8 @@ def score_ids(model: Transformer, sources: list[Source], targets: list[list[int]
                 out[i], start = picked[start : start + n], start + n
     finally:
         model.train(was_training)
+    for i in _gone(cancelled, len(sources)):
+        out[i] = None
     return out
 
 

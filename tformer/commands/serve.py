@@ -42,9 +42,16 @@ def add_parser(sub) -> None:
                    "read (default 1 MiB)")
     g.add_argument("--max-queue", type=int, default=512, help="sentences waiting for the model; more: 503 with "
                    "Retry-After (default 512)")
-    g.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait for its answer: then 504, "
-                   "and its work is dropped if not started (default 60)")
-    g.add_argument("--max-connections", type=int, default=256, help="open connections; more: 503 (default 256)")
+    g.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait for its answer (a request "
+                   "may ask for less: its 'timeout' field): then 504, and its work leaves the model, queued or "
+                   "decoding (default 60)")
+    g.add_argument("--max-connections", type=int, default=256, help="open connections; a request past them: 503 "
+                   "with Retry-After (default 256)")
+    g.add_argument("--header-timeout", type=float, default=10.0, help="seconds a client has to send a request line "
+                   "and headers, from connecting or its last answer: then 408 and the connection is closed, so slow "
+                   "clients cannot hold connections (default 10)")
+    g.add_argument("--body-timeout", type=float, default=30.0, help="seconds a client has to send a request body once "
+                   "its headers are in: then 408 (default 30)")
     common.overrides(sp, common.INFERENCE_OVERRIDES)
     sp.set_defaults(func=run)
 
@@ -56,7 +63,8 @@ def settings(args: argparse.Namespace):
     return Settings(max_sentences=args.max_sentences, max_chars=args.max_chars, max_tokens=args.max_tokens,
                     max_beam=args.max_beam, max_nbest=args.max_nbest, max_body=args.max_body,
                     max_queue=args.max_queue, timeout=args.timeout, max_wait_ms=args.max_wait_ms,
-                    batch_tokens=args.batch_tokens, max_connections=args.max_connections, api_key=args.api_key)
+                    batch_tokens=args.batch_tokens, max_connections=args.max_connections,
+                    header_timeout=args.header_timeout, body_timeout=args.body_timeout, api_key=args.api_key)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,26 +24,28 @@ from torch import Tensor
 from tformer.config import DecodeConfig
 from tformer.data.vocab import Vocab
 from tformer.decode.beam import beam_search, length_penalty
-from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, TensorCache, forbid, force, max_lengths,
-                                   prefix_table, select_rows)
+from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, Stop, TensorCache, forbid, force, max_lengths,
+                                   prefix_table, select_rows, stopped)
 from tformer.decode.greedy import greedy_search
 from tformer.decode.sampling import filter_logits, sample
 
-__all__ = ["Cache", "Hypotheses", "NBest", "StepFn", "TensorCache", "beam_search", "filter_logits", "forbid", "force",
-           "greedy_search", "length_penalty", "max_lengths", "prefix_table", "sample", "search", "select_rows"]
+__all__ = ["Cache", "Hypotheses", "NBest", "StepFn", "Stop", "TensorCache", "beam_search", "filter_logits", "forbid",
+           "force", "greedy_search", "length_penalty", "max_lengths", "prefix_table", "sample", "search", "select_rows",
+           "stopped"]
 
 
 def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,
-           prefix: list[list[int]] | None = None) -> NBest:
+           prefix: list[list[int]] | None = None, stop: Stop | None = None) -> NBest:
     """The search `cfg.strategy` names, over one batch; `ids` (sentence indices in the input) seed sampling;
-    `prefix` (one id list per sentence, or None) forces the start of every output (see above)."""
+    `prefix` (one id list per sentence, or None) forces the start of every output (see above); `stop` takes
+    sentences out before any step (common.stopped)."""
     bos, eos = Vocab.bos, Vocab.eos
     if cfg.strategy == "beam":
         return beam_search(step, cache, bos, eos, max_len, cfg.beam_size, cfg.len_penalty, cfg.min_len,
-                           cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish)
+                           cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish, stop)
     if cfg.strategy == "sample":
         return sample(step, cache, bos, eos, max_len, ids if ids is not None else list(range(len(max_len))),
                       cfg.nbest, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, cfg.min_len,
-                      cfg.no_repeat_ngram, prefix)
-    hyp = greedy_search(step, cache, bos, eos, max_len, cfg.min_len, cfg.no_repeat_ngram, prefix)
+                      cfg.no_repeat_ngram, prefix, stop)
+    hyp = greedy_search(step, cache, bos, eos, max_len, cfg.min_len, cfg.no_repeat_ngram, prefix, stop)
     return NBest([[t] for t in hyp.tokens], [[s] for s in hyp.scores])

@@ -48,7 +48,7 @@ import bisect
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table, row_topk
+from tformer.decode.common import Cache, NBest, StepFn, Stop, forbid, force, prefix_table, row_topk, stopped
 
 FINISH_RULES = ("all", "top_k")
 
@@ -85,12 +85,13 @@ class Finished:
 
 def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, beam: int, alpha: float = 0.6,
                 min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0,
-                prefix: list[list[int]] | None = None, finish: str = "top_k") -> NBest:
+                prefix: list[list[int]] | None = None, finish: str = "top_k", stop: Stop | None = None) -> NBest:
     """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output, raised where
     `prefix` (one id list per sentence, or None) is longer. `finish`: which endings are kept (module
     docstring). Returns the `nbest` best finished hypotheses of every sentence, each beginning with the
     sentence's prefix, with their length-normalised scores (fewer than `nbest` where fewer finite ones exist,
-    e.g. an output cut to exactly its prefix)."""
+    e.g. an output cut to exactly its prefix). `stop` (common.stopped), asked before every step, takes
+    sentences out at once with what they had finished."""
     if finish not in FINISH_RULES:
         raise ValueError(f"finish must be one of {FINISH_RULES}, got {finish!r}")
     B, K = max_len.shape[0], beam
@@ -107,6 +108,16 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
     history = torch.empty((B, 0), dtype=torch.long, device=device)  # (L*k, t)
     t = 0
     while sent.numel():
+        gone = stopped(stop, sent)  # (L,) or None
+        if gone is not None:
+            keep = (~gone).nonzero()[:, 0]  # (L',)
+            if not keep.numel():
+                break
+            k = scores.shape[1]
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)  # (L'*k,)
+            sent, scores, prev = sent[keep], scores[keep], prev.index_select(0, keep_rows)
+            history = history.index_select(0, keep_rows)
+            cache = cache.reorder(keep_rows, keep)
         L, k = scores.shape
         logits, cache = step(prev, cache)  # (L*k, V)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (L*k, V)

@@ -19,6 +19,17 @@ class Cache(Protocol):
 
 
 StepFn = Callable[[Tensor, Cache], "tuple[Tensor, Cache]"]
+Stop = Callable[[list[int]], list[bool]]  # the batch's sentences still decoding -> which to stop now
+
+
+def stopped(stop: Stop | None, sentences: Tensor) -> Tensor | None:
+    """(L,) bool: which of the live `sentences` (indices into the search's batch) `stop` ends now; None when
+    none does. A stopped sentence leaves the batch at once, as a finished one does, and gets no result that
+    means anything (the caller no longer wants it): the others' results stay as they would have been."""
+    if stop is None or not sentences.numel():
+        return None
+    gone = stop(sentences.tolist())
+    return torch.tensor(gone, dtype=torch.bool, device=sentences.device) if any(gone) else None
 
 
 class TensorCache(dict):

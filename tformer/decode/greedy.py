@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, Hypotheses, StepFn, forbid, force, prefix_table, row_max, select_rows
+from tformer.decode.common import (Cache, Hypotheses, StepFn, Stop, forbid, force, prefix_table, row_max, select_rows,
+                                   stopped)
 
 
 def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, min_len: int = 0,
-                  no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None) -> Hypotheses:
+                  no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None, stop: Stop | None = None
+                  ) -> Hypotheses:
     """Pick the most probable allowed token at each step until </s> or `max_len` (B,) tokens.
 
     `prefix` (one id list per sentence, or None) forces the first tokens of each output: they are taken
@@ -17,7 +19,8 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
     limit shorter than a prefix is raised to its length. A finished sentence leaves the batch (its cache
     rows are dropped), so the work shrinks as the batch finishes and no sentence's result depends on the
     others in its batch. Rows leave in groups (when an eighth of the rows have finished): each departure copies
-    the whole cache, and a few finished rows cost less carried along than copied out.
+    the whole cache, and a few finished rows cost less carried along than copied out. `stop` (common.stopped),
+    asked before every step, takes sentences out at once; their tokens are what they had.
     """
     B = max_len.shape[0]
     device = max_len.device
@@ -29,6 +32,13 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
     prev = torch.full((B,), bos, dtype=torch.long, device=device)  # (B_live,)
     t = 0
     while active.numel():
+        gone = stopped(stop, active)  # (B_rows,) or None
+        if gone is not None:
+            keep = (~gone).nonzero()[:, 0]
+            active, prev, running = active[keep], prev[keep], running[keep]
+            if not active.numel():
+                break
+            cache = select_rows(cache, keep)
         logits, cache = step(prev, cache)  # (B_rows, V)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (B_rows, V)
         history = out[active, :t] if no_repeat_ngram else out[:0, :t]  # (B_rows, t): only the n-gram rule reads it

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, forbid, force, prefix_table, select_rows
+from tformer.decode.common import Cache, NBest, StepFn, Stop, forbid, force, prefix_table, select_rows, stopped
 
 
 def top_p_mask(probs: Tensor, top_p: float) -> Tensor:
@@ -39,11 +39,12 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) 
 
 def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids: list[int], n: int = 1,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, min_len: int = 0,
-           no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None) -> NBest:
+           no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None, stop: Stop | None = None) -> NBest:
     """`n` independent samples per sentence, each beginning with the sentence's `prefix` (one id list per
     sentence, or None; a shorter limit is raised to it); `ids` (B,) are the sentences' indices in their input,
     which seed their generators. Scores are the samples' log-probabilities: the drawn tokens' under the
-    filtered distribution, the forced ones' under the temperature alone."""
+    filtered distribution, the forced ones' under the temperature alone. `stop` (common.stopped), asked
+    before every step, takes sentences out at once with the samples they had finished."""
     B = max_len.shape[0]
     device = max_len.device
     prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
@@ -57,6 +58,13 @@ def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids:
     total = torch.zeros(B * n)
     t = 0
     while live.numel():
+        gone = stopped(stop, hyp_sent[live])  # (N_live,) or None: a sentence's samples go together
+        if gone is not None:
+            keep = (~gone).nonzero()[:, 0]
+            if not keep.numel():
+                break
+            live, history, prev = live[keep], history[keep], prev[keep]
+            cache = select_rows(cache, keep)
         logits, cache = step(prev, cache)  # (N_live, V)
         allowed = forbid(logits.float().clone(), history, t, eos, min_len, no_repeat_ngram)  # -inf logits
         logp = filter_logits(allowed, temperature, top_k, top_p)  # (N_live, V)

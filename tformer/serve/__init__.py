@@ -20,6 +20,7 @@ Retry-After, 504 past the timeout):
     POST /translate     LibreTranslate (tformer/serve/libretranslate.py): JSON or a form
     GET  /languages     LibreTranslate's language list (no API key needed)
     GET  /              the explorer page; GET /api/info and POST /api/translate as tformer.explore describes
+    GET  /openapi.json  the OpenAPI 3.1 description of all of these, with this server's limits (no API key needed)
 
 Everything goes through Translator.translate and Translator.score, on one model thread (tformer.serve.
 batcher): requests with the same decoding settings that arrive within `max_wait_ms` of each other are

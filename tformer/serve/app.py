@@ -7,8 +7,10 @@ it on a socket. The routes are listed in tformer/serve/__init__.py.
     serve(translator, host, port, settings)               Server(...).run()
 
 Requests are parsed and checked on the event loop; the model runs only on the Batcher's thread. Each request
-waits for its answer at most `Settings.timeout` seconds (504), and stops waiting when its client disconnects;
-either way its work is dropped if the worker has not started it.
+waits for its answer at most its time limit (its `timeout` field, at most `Settings.timeout` seconds: then
+504), and stops waiting when its client disconnects; either way its work is dropped if the worker has not
+started it, and leaves the model call at the next decoding step if it has (the requests it was batched with
+go on as they would have). Connections are served by tformer.serve.protocol (deadlines for headers, limits).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tformer.api import Translation, Translator
 from tformer.errors import ConfigError, TformerError
 from tformer.serve import libretranslate
 from tformer.serve.batcher import Batcher, Job
+from tformer.serve.protocol import connection_class
 from tformer.serve.requests import (RequestError, ScoreRequest, Settings, TranslateRequest, media_type, parse_json,
                                     read_body, score_request, translate_request)
 
@@ -45,7 +48,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tformer")
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-PUBLIC = {"/v1/health", "/languages"}  # answered without the API key (as LibreTranslate does /languages)
+PUBLIC = {"/v1/health", "/languages", "/openapi.json"}  # answered without the API key (LibreTranslate: /languages)
+
+
+def abandoned(jobs: list[Job]) -> Callable[[int], bool]:
+    """For one model call over the jobs' sentences, in order: is sentence i's job given up on (Job.abandoned)?"""
+    owner = [job for job in jobs for _ in range(job.sentences)]
+    return lambda i: owner[i].abandoned
 
 
 def split_back(outputs: list, sizes: list[int]) -> list[list]:
@@ -72,8 +81,7 @@ class Service:
         if explorer is None:
             from tformer.explore import Explorer, Limits
 
-            explorer = Explorer(translator, Limits(settings.max_chars, settings.max_tokens, settings.max_beam,
-                                                   settings.max_nbest, settings.max_queue))
+            explorer = Explorer(translator, Limits.of(settings))
         self.translator = translator
         self.settings = settings
         self.explorer = explorer
@@ -93,6 +101,7 @@ class Service:
             Route("/index.html", e(self.page), methods=["GET"]),
             Route("/api/info", e(self.explorer_info), methods=["GET"]),
             Route("/api/translate", e(self.explorer_translate), methods=["POST"]),
+            Route("/openapi.json", e(self.openapi), methods=["GET"]),
         ]
 
     def _endpoint(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -128,16 +137,17 @@ class Service:
     async def _json_body(self, request: Request) -> Any:
         if media_type(request) != "application/json":
             raise RequestError("post JSON with Content-Type: application/json", HTTPStatus.UNSUPPORTED_MEDIA_TYPE)
-        return parse_json(await read_body(request, self.settings.max_body))
+        return parse_json(await read_body(request, self.settings))
 
-    async def _answer(self, request: Request, job: Job) -> Any:
-        """Queue `job` and wait for its result, at most the request timeout, while the client is there."""
+    async def _answer(self, request: Request, job: Job, timeout: float | None = None) -> Any:
+        """Queue `job` and wait for its result, at most `timeout` seconds (default: the server's), while the
+        client is there; on giving up, the job is cancelled (Batcher.cancel)."""
+        timeout = self.settings.timeout if timeout is None else timeout
         future = self.batcher.submit(job)
         waiter = asyncio.wrap_future(future)
         gone = asyncio.ensure_future(_disconnected(request))
         try:
-            done, _ = await asyncio.wait({waiter, gone}, timeout=self.settings.timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({waiter, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the server is being forced down
             self.batcher.cancel(job)
             waiter.cancel()
@@ -150,11 +160,17 @@ class Service:
         waiter.cancel()
         if gone in done:
             raise _ClientGone()
-        raise RequestError(f"no answer within {self.settings.timeout:g} s (--timeout); the work "
-                           f"{'was under way and its answer is dropped' if started else 'was dropped from the queue'}"
+        limit = "(--timeout)" if timeout == self.settings.timeout else "(the request's timeout)"
+        raise RequestError(f"no answer within {timeout:g} s {limit}; the work "
+                           f"{'was under way and left the model' if started else 'was dropped from the queue'}"
                            "; retry with fewer or shorter sentences, or later", HTTPStatus.GATEWAY_TIMEOUT)
 
     # ---------------------------------------------------------------------------------------- /v1
+
+    async def openapi(self, request: Request) -> Response:
+        from tformer.serve.openapi import openapi
+
+        return JSONResponse(openapi(self.translator, self.settings, self.explorer.limits))
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "uptime_seconds": round(time.time() - self.started, 1),
@@ -184,7 +200,8 @@ class Service:
         return Job(self._translate_group, req, req.key, len(req.sources), max(req.widths))
 
     def _translate_group(self, jobs: list[Job]) -> list[list[Translation]]:
-        """One Translator.translate call for requests with the same settings (on the model thread)."""
+        """One Translator.translate call for requests with the same settings (on the model thread); the
+        sentences of a request given up on (Job.abandoned) leave it at the next step."""
         reqs: list[TranslateRequest] = [j.payload for j in jobs]
         first = reqs[0]
         sources = [s for r in reqs for s in r.sources]
@@ -193,23 +210,26 @@ class Service:
             prefixes = [p for r in reqs for p in (r.prefixes if r.prefixes is not None else [None] * len(r.sources))]
         options = {"alignment": True} if first.alignment else {}
         out = self.translator.translate(sources, beam=first.beam, nbest=first.nbest, prefix=prefixes,
-                                        batch_size=self.settings.batch_tokens, batch_type="tokens", **options)
+                                        batch_size=self.settings.batch_tokens, batch_type="tokens",
+                                        cancelled=abandoned(jobs), **options)
         return split_back(out, [len(r.sources) for r in reqs])
 
     async def translate(self, request: Request) -> Response:
         req = translate_request(await self._json_body(request), self.translator, self.settings)
-        out = await self._answer(request, self._translate_job(req))
+        out = await self._answer(request, self._translate_job(req), req.timeout)
         return JSONResponse({"translations": [translation_json(t, req.decode.nbest > 1, req.alignment) for t in out]})
 
     def _score_group(self, jobs: list[Job]) -> list[list]:
         reqs: list[ScoreRequest] = [j.payload for j in jobs]
         out = self.translator.score([s for r in reqs for s in r.sources], [t for r in reqs for t in r.targets],
-                                    batch_size=self.settings.batch_tokens, batch_type="tokens")
+                                    batch_size=self.settings.batch_tokens, batch_type="tokens",
+                                    cancelled=abandoned(jobs))
         return split_back(out, [len(r.sources) for r in reqs])
 
     async def score(self, request: Request) -> Response:
         req = score_request(await self._json_body(request), self.translator, self.settings)
-        out = await self._answer(request, Job(self._score_group, req, "score", len(req.sources), max(req.widths)))
+        out = await self._answer(request, Job(self._score_group, req, "score", len(req.sources), max(req.widths)),
+                                 req.timeout)
         return JSONResponse({"scores": [{"log_prob": finite(s.log_prob), "tokens": s.tokens,
                                          "token_log_probs": [finite(x) for x in s.token_log_probs]} for s in out]})
 
@@ -217,7 +237,7 @@ class Service:
 
     async def languages(self, request: Request) -> Response:
         with contextlib.suppress(RequestError):  # the official client sends a (useless) form body with its GET
-            await read_body(request, self.settings.max_body)
+            await read_body(request, self.settings)
         return JSONResponse(libretranslate.languages(self.translator.config))
 
     async def libre_translate(self, request: Request) -> Response:
@@ -226,9 +246,10 @@ class Service:
             raise RequestError("post JSON (Content-Type: application/json) or a form "
                                "(application/x-www-form-urlencoded)", HTTPStatus.UNSUPPORTED_MEDIA_TYPE)
         if kind == "multipart/form-data":
-            raise RequestError("multipart forms are not read here: post application/x-www-form-urlencoded or JSON",
+            raise RequestError("Content-Type multipart/form-data is not read here: post a form "
+                               "(application/x-www-form-urlencoded) or JSON",
                                HTTPStatus.UNSUPPORTED_MEDIA_TYPE)
-        body = libretranslate.parse_body(await read_body(request, self.settings.max_body), kind)
+        body = libretranslate.parse_body(await read_body(request, self.settings), kind)
         self._authorize(request, body.get("api_key") if isinstance(body, dict) else None)
         asked = libretranslate.translate_request(body, self.translator, self.settings)
         out = await self._answer(request, self._translate_job(asked.request))
@@ -277,6 +298,8 @@ def finite(x: float) -> float | None:
 
 def error(status: int, message: str) -> JSONResponse:
     headers = {"Retry-After": "1"} if status == HTTPStatus.SERVICE_UNAVAILABLE else {}
+    if status in (HTTPStatus.REQUEST_TIMEOUT, HTTPStatus.REQUEST_ENTITY_TOO_LARGE):  # the body is not read on
+        headers["Connection"] = "close"
     if status == HTTPStatus.UNAUTHORIZED:
         headers["WWW-Authenticate"] = 'Bearer realm="tformer"'
     return JSONResponse({"error": message}, status_code=int(status), headers=headers)
@@ -386,9 +409,8 @@ class Server:
         if host not in LOOPBACK and settings.api_key is None:
             log.warning("serve: listening on %s without an API key: anyone who can reach this address can use the "
                         "model (--api-key or TFORMER_API_KEY)", host)
-        config = uvicorn.Config(self.app, lifespan="on", log_config=None, log_level="warning", access_log=False,
-                                server_header=False, timeout_keep_alive=5,
-                                limit_concurrency=settings.max_connections + 1,  # uvicorn counts the new one too
+        config = uvicorn.Config(self.app, http=connection_class(settings), lifespan="on", log_config=None,
+                                log_level="warning", access_log=False, server_header=False, timeout_keep_alive=5,
                                 timeout_graceful_shutdown=int(settings.timeout) + 5)
         self.uvicorn = uvicorn.Server(config)
 

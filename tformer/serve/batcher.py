@@ -3,7 +3,7 @@ model call together.
 
     batcher = Batcher(max_wait=0.005, batch_tokens=4096, max_queue=512)
     future = batcher.submit(Job(run_group, payload, key=settings, sentences=3, width=12))
-    batcher.cancel(job)        # a client gone or timed out: dropped if it has not started
+    batcher.cancel(job)        # a client gone or timed out: dropped if queued, abandoned if running
     batcher.close()            # finish every accepted job, then stop the thread
 
 A job is some sentences with a `key`: jobs with equal keys (the same decoding settings) can be decoded in one
@@ -17,7 +17,10 @@ settings (tformer's searches are batch-invariant: finished sentences leave the b
 
 The queue is bounded by sentences: a job that would take more than `max_queue` waiting sentences is refused
 at once (RequestError 503; an empty queue always takes one). Waiting is the caller's business: it holds a
-concurrent.futures.Future and may cancel it, which drops the job if the worker has not started it.
+concurrent.futures.Future and may give up on the job (`cancel`), which drops it if the worker has not started
+it, and otherwise marks it `abandoned`: a runner that reads that flag while it works (tformer serve's pass it
+to Translator.translate as `cancelled`) takes the job's sentences out of the model call at its next decoding
+step, and the other jobs of the group go on as they would have.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     queued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
+    abandoned: bool = False  # given up on while running: its result is not wanted (runners may stop its work)
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Stats:
     sentences: int = 0
     batches: int = 0  # model calls (groups)
     dropped: int = 0  # cancelled before they started (client gone, timed out)
+    abandoned: int = 0  # given up on while running (their sentences left the model call)
     largest_batch: int = 0  # sentences in the largest group
 
 
@@ -106,9 +111,13 @@ class Batcher:
         return self.submit(Job(lambda jobs: [fn()], None, None, sentences, 1))
 
     def cancel(self, job: Job) -> bool:
-        """Drop `job` if it has not started (True); one already running finishes and its result is unread."""
+        """Drop `job` if it has not started (True); one already running is marked abandoned (False): its runner
+        may stop its work, and its result is unread."""
         with self._cond:
             if not job.future.cancel():
+                if not job.future.done() and not job.abandoned:
+                    job.abandoned = True
+                    self.stats.abandoned += 1
                 return False
             try:
                 self._queue.remove(job)

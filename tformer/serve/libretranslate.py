@@ -116,7 +116,8 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
         nbest = alternatives + 1
         beam = max(translator.config.decode.beam_size, nbest)
     decode = decode_settings(translator, beam, nbest)
-    return Asked(TranslateRequest(sources, None, beam, nbest, False, decode, widths), lines, as_list, alternatives)
+    request = TranslateRequest(sources, None, beam, nbest, False, decode, widths, settings.timeout)
+    return Asked(request, lines, as_list, alternatives)
 
 
 def _alternatives(value: Any, settings: Settings) -> int:

@@ -2,7 +2,7 @@
 read within a byte limit, and the fields of /v1/translate and /v1/score checked one by one into small typed
 requests. Nothing here runs the model; every refusal is a RequestError naming the field and the limit.
 
-    read_body(request, limit)              -> bytes, or 413 from the Content-Length alone
+    read_body(request, settings)           -> bytes: 413 from the Content-Length alone, 408 past body_timeout
     parse_json(body) / parse_form(body)    -> the value, or 400 naming what is wrong
     translate_request(body, translator, settings)  -> TranslateRequest (sources, prefixes, decoding settings)
     score_request(body, translator, settings)      -> ScoreRequest
@@ -10,6 +10,7 @@ requests. Nothing here runs the model; every refusal is a RequestError naming th
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -24,8 +25,8 @@ from tformer.api import Translator
 from tformer.config import DecodeConfig
 from tformer.errors import ConfigError, TformerError
 
-TRANSLATE_FIELDS = ("src", "beam", "nbest", "prefix", "alignment")
-SCORE_FIELDS = ("src", "tgt")
+TRANSLATE_FIELDS = ("src", "beam", "nbest", "prefix", "alignment", "timeout")
+SCORE_FIELDS = ("src", "tgt", "timeout")
 
 
 class RequestError(TformerError):
@@ -48,7 +49,9 @@ class Settings:
     max_nbest: int = 8
     max_body: int = 1 << 20  # bytes of one request body: more is refused (413) before it is read
     max_queue: int = 512  # sentences waiting for (or in) the model; more: 503 with Retry-After at once
-    timeout: float = 60.0  # seconds a request may wait for its answer: then 504 (work not yet started is dropped)
+    timeout: float = 60.0  # seconds a request may wait for its answer: then 504, and its work leaves the model
+    header_timeout: float = 10.0  # seconds to send a request line and headers (from connecting or the last answer)
+    body_timeout: float = 30.0  # seconds to send a request body once its headers are in: then 408
     max_wait_ms: float = 5.0  # how long the model worker waits for more requests to fill a batch
     batch_tokens: int = 4096  # padded source tokens (sentences x longest) in one model call
     max_connections: int = 256  # open connections; the next one is answered 503
@@ -60,8 +63,10 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{_flag(name)} must be a whole number >= 1, got {value!r}")
-        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
-            raise ConfigError(f"--timeout must be a number of seconds > 0, got {self.timeout!r}")
+        for name in ("timeout", "header_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"{_flag(name)} must be a number of seconds > 0, got {value!r}")
         if not (isinstance(self.max_wait_ms, (int, float)) and 0 <= self.max_wait_ms <= 10_000):
             raise ConfigError(f"--max-wait-ms must be from 0 to 10000 milliseconds, got {self.max_wait_ms!r}")
         if self.max_queue < self.max_sentences:
@@ -82,9 +87,11 @@ def _flag(name: str) -> str:
 # ------------------------------------------------------------------------------------------ bodies
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, at most `limit` bytes: a larger Content-Length is refused (413) before any of it is
-    read, and a body without one stops being read once over the limit."""
+async def read_body(request: Request, settings: Settings) -> bytes:
+    """The request body, at most `settings.max_body` bytes: a larger Content-Length is refused (413) before any
+    of it is read, a body without one stops being read once over the limit, and one that takes more than
+    `settings.body_timeout` seconds to arrive is refused (408; the answer closes the connection)."""
+    limit = settings.max_body
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
@@ -92,13 +99,23 @@ async def read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise RequestError(f"the request body has {int(declared)} bytes; a request may have at most {limit} "
                                "bytes", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(f"the request body is longer than {limit} bytes; a request may have at most "
-                               f"{limit} bytes", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-        chunks.append(chunk)
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(f"the request body is longer than {limit} bytes; a request may have at most "
+                                   f"{limit} bytes", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), settings.body_timeout)
+    except asyncio.TimeoutError:
+        raise RequestError(f"the request body did not arrive within {settings.body_timeout:g} s "
+                           f"(--body-timeout); {sum(map(len, chunks))} bytes came", HTTPStatus.REQUEST_TIMEOUT
+                           ) from None
     return b"".join(chunks)
 
 
@@ -173,6 +190,17 @@ def whole(body: dict[str, Any], name: str, low: int, high: int, flag: str) -> in
     return value
 
 
+def time_limit(body: dict[str, Any], settings: Settings) -> float:
+    """The request's own `timeout` in seconds (a number > 0, at most the server's --timeout), or the server's."""
+    value = body.get("timeout")
+    if value is None:
+        return settings.timeout
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= settings.timeout:
+        raise RequestError(f"timeout: must be a number of seconds > 0 and at most {settings.timeout:g} (--timeout), "
+                           f"got {value!r}")
+    return float(value)
+
+
 def flag_field(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):
@@ -235,6 +263,7 @@ class TranslateRequest:
     alignment: bool
     decode: DecodeConfig
     widths: list[int]  # source pieces + </s> per sentence: what the batch's token budget counts
+    timeout: float  # seconds it may wait for its answer
 
     @property
     def key(self) -> tuple[DecodeConfig, bool] | None:
@@ -247,6 +276,7 @@ class ScoreRequest:
     sources: list[str]
     targets: list[str]
     widths: list[int]  # the longer side + 1 per pair
+    timeout: float  # seconds it may wait for its answer
 
 
 def decode_settings(translator: Translator, beam: int | None, nbest: int | None) -> DecodeConfig:
@@ -285,7 +315,7 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
                 pieces(translator, p, f"prefix[{i}]", "target", settings)
     widths = [pieces(translator, s, f"src[{i}]", "source", settings) + 1 for i, s in enumerate(sources)]
     cfg = decode_settings(translator, beam, nbest)
-    return TranslateRequest(sources, prefixes, beam, nbest, alignment, cfg, widths)
+    return TranslateRequest(sources, prefixes, beam, nbest, alignment, cfg, widths, time_limit(body, settings))
 
 
 def score_request(body: Any, translator: Translator, settings: Settings) -> ScoreRequest:
@@ -301,4 +331,4 @@ def score_request(body: Any, translator: Translator, settings: Settings) -> Scor
         if n == 0:
             raise RequestError(f"src[{i}]: empty; there is nothing to score a translation against")
         widths.append(max(n, pieces(translator, tgt, f"tgt[{i}]", "target", settings)) + 1)
-    return ScoreRequest(sources, targets, widths)
+    return ScoreRequest(sources, targets, widths, time_limit(body, settings))

@@ -1,0 +1,185 @@
+"""The service's OpenAPI 3.1 description, served at GET /openapi.json: every route with its request fields and
+their limits taken from the server's own Settings (so the document and the checks in tformer.serve.requests
+read the same numbers), its answers, and its errors. Clients can be generated from it, and the tests fuzz the
+running server from it (schemathesis): no input gets a 500, every schema-invalid one a 4xx naming the field.
+
+    openapi(translator, settings, explorer_limits) -> dict
+
+What a schema cannot say is in the descriptions: a sentence's SentencePiece length (--max-tokens), one prefix
+or target per source, nbest <= beam, the model's language pair.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tformer.api import Translator
+from tformer.serve.requests import Settings
+
+VERSION = "1.0.0"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    why = {400: "a field or the body is wrong: the message names it", 401: "an API key is needed",
+           403: "the API key is wrong, or the Host is not a loopback name on a loopback-only server",
+           408: "the request line and headers, or the body, came too slowly (--header-timeout, --body-timeout)",
+           413: "the body is over --max-body", 415: "the Content-Type is not one this route reads",
+           503: "busy: the queue (--max-queue) or the connections (--max-connections) are full; see Retry-After",
+           504: "no answer within the request's time limit; its work left the model"}
+    out = {}
+    for code in codes:
+        out[str(code)] = {"description": why[code], "content": _json(_ref("Error"))}
+        if code == 503:
+            out[str(code)]["headers"] = {"Retry-After": {"schema": {"type": "string"},
+                                                         "description": "seconds to wait before retrying"}}
+    return out
+
+
+ALWAYS = (400, 401, 403, 408, 503)  # any route: bad Host, key, slow client, busy
+
+
+def _sentences(settings: Settings, what: str) -> dict[str, Any]:
+    return {"type": "array", "minItems": 1, "maxItems": settings.max_sentences,
+            "items": {"type": "string", "maxLength": settings.max_chars},
+            "description": f"{what}: at most {settings.max_sentences} (--max-sentences), each at most "
+                           f"{settings.max_chars} characters (--max-chars) and {settings.max_tokens} pieces "
+                           "(--max-tokens)"}
+
+
+def _timeout(settings: Settings) -> dict[str, Any]:
+    return {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": settings.timeout,
+            "description": f"seconds this request may wait for its answer (default and most: --timeout, "
+                           f"{settings.timeout:g})"}
+
+
+def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[str, Any]:
+    score = {"type": ["number", "null"], "description": "a log-probability (null: impossible, -inf)"}
+    hypothesis = {"type": "object", "required": ["text", "score"], "properties": {
+        "text": {"type": "string"}, "score": score, "tokens": {"type": "array", "items": {"type": "string"}},
+        "alignment": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2,
+                                                 "maxItems": 2}}}}
+    data = translator.config.data
+    return {
+        "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+        "TranslateRequest": {
+            "type": "object", "required": ["src"], "additionalProperties": False, "properties": {
+                "src": _sentences(settings, "the sentences to translate"),
+                "beam": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_beam,
+                         "description": "1: greedy search; more: beam search (default: the checkpoint's)"},
+                "nbest": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_nbest,
+                          "description": "hypotheses per sentence; needs beam >= nbest"},
+                "prefix": {"type": ["array", "null"], "items": {"type": ["string", "null"],
+                                                                "maxLength": settings.max_chars},
+                           "description": "one target prefix (or null) per sentence of src"},
+                "alignment": {"type": "boolean"},
+                "timeout": _timeout(settings)}},
+        "Hypothesis": hypothesis,
+        "TranslateAnswer": {"type": "object", "required": ["translations"], "properties": {
+            "translations": {"type": "array", "items": {
+                "type": "object", "required": ["text", "score"], "properties": {
+                    **hypothesis["properties"], "source_tokens": {"type": "array", "items": {"type": "string"}},
+                    "hypotheses": {"type": "array", "items": _ref("Hypothesis")}}}}}},
+        "ScoreRequest": {
+            "type": "object", "required": ["src", "tgt"], "additionalProperties": False, "properties": {
+                "src": _sentences(settings, "the sources (not empty)"),
+                "tgt": _sentences(settings, "one target per source (may be empty)"),
+                "timeout": _timeout(settings)}},
+        "ScoreAnswer": {"type": "object", "required": ["scores"], "properties": {"scores": {"type": "array", "items": {
+            "type": "object", "required": ["log_prob", "tokens", "token_log_probs"], "properties": {
+                "log_prob": score, "tokens": {"type": "array", "items": {"type": "string"}},
+                "token_log_probs": {"type": "array", "items": score}}}}}},
+        "LibreRequest": {
+            "type": "object", "required": ["q", "source", "target"], "additionalProperties": False, "properties": {
+                "q": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}],
+                      "description": "a text or a list of texts, translated line by line; at most "
+                                     f"{settings.max_sentences} lines in all"},
+                "source": {"type": "string", "enum": [data.src_lang, "auto"]},
+                "target": {"type": "string", "enum": [data.tgt_lang]},
+                "format": {"type": ["string", "null"], "enum": ["text", None]},
+                "api_key": {"type": ["string", "null"]},
+                "alternatives": {"type": ["integer", "null"], "minimum": 0, "maximum": settings.max_nbest - 1}}},
+        "LibreForm": {  # a form's values are text
+            "type": "object", "required": ["q", "source", "target"], "additionalProperties": False, "properties": {
+                "q": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}],
+                      "description": "a text; repeated, a list of texts"},
+                "source": {"type": "string", "enum": [data.src_lang, "auto"]},
+                "target": {"type": "string", "enum": [data.tgt_lang]},
+                "format": {"type": "string", "enum": ["text"]},
+                "api_key": {"type": "string"},
+                "alternatives": {"type": "string", "enum": [""] + [str(i) for i in range(settings.max_nbest)]}}},
+        "LibreAnswer": {"type": "object", "required": ["translatedText"], "properties": {
+            "translatedText": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "alternatives": {"type": "array"}}},
+        "Languages": {"type": "array", "items": {"type": "object", "required": ["code", "name", "targets"],
+                                                 "properties": {"code": {"type": "string"}, "name": {"type": "string"},
+                                                                "targets": {"type": "array",
+                                                                            "items": {"type": "string"}}}}},
+        "ExplorerRequest": {
+            "type": "object", "required": ["text"], "additionalProperties": False, "properties": {
+                "text": {"type": "string", "minLength": 1, "maxLength": explorer.max_chars,
+                         "description": "one sentence (not blank)"},
+                "beam": {"type": "integer", "minimum": 1, "maximum": explorer.max_beam},
+                "nbest": {"type": "integer", "minimum": 1, "maximum": explorer.max_nbest},
+                "target": {"type": ["string", "null"], "minLength": 1, "maxLength": explorer.max_chars,
+                           "description": "a translation to force (not blank), or null"}}},
+        "Object": {"type": "object"},
+    }
+
+
+def _post(summary: str, request: str, answer: str, *codes: int, form: str | None = None) -> dict[str, Any]:
+    content = _json(_ref(request))
+    if form:
+        content["application/x-www-form-urlencoded"] = {"schema": _ref(form)}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": content},
+                     "responses": {"200": {"description": "the answer", "content": _json(_ref(answer))},
+                                   **_errors(*sorted(set(ALWAYS + (413, 415) + codes)))}}}
+
+
+def _get(summary: str, answer: dict[str, Any], public: bool = False) -> dict[str, Any]:
+    codes = (400, 403, 408, 503) if public else ALWAYS
+    out = {"summary": summary, "responses": {"200": {"description": "the answer", "content": answer},
+                                             **_errors(*codes)}}
+    if public:
+        out["security"] = []  # answered without the API key
+    return {"get": out}
+
+
+def openapi(translator: Translator, settings: Settings, explorer: Any) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a server over `translator` with `settings`; `explorer`: the explorer's
+    Limits (tformer.explore)."""
+    data = translator.config.data
+    paths = {
+        "/v1/translate": _post("translate sentences", "TranslateRequest", "TranslateAnswer", 504),
+        "/v1/score": _post("score target sentences given their sources (forced decoding)", "ScoreRequest",
+                           "ScoreAnswer", 504),
+        "/v1/health": _get("liveness and the queue (no API key needed)", _json(_ref("Object")), public=True),
+        "/v1/info": _get("the model, its decoding defaults, the limits, the batching", _json(_ref("Object"))),
+        "/translate": _post("LibreTranslate's translate", "LibreRequest", "LibreAnswer", 504, form="LibreForm"),
+        "/languages": _get("LibreTranslate's language list (no API key needed)", _json(_ref("Languages")),
+                           public=True),
+        "/": _get("the explorer page", {"text/html": {"schema": {"type": "string"}}}),
+        "/api/info": _get("the explorer's model description", _json(_ref("Object"))),
+        "/api/translate": _post("the explorer's translation with attention maps", "ExplorerRequest", "Object", 504),
+        "/openapi.json": _get("this document (no API key needed)", _json(_ref("Object")), public=True),
+    }
+    security = [{"bearer": []}, {"apiKey": []}] if settings.api_key is not None else []
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "tformer serve", "version": VERSION,
+                 "description": f"Translation {data.src_lang} -> {data.tgt_lang} with {translator.path}: tformer's "
+                                "own JSON API, LibreTranslate's API and the explorer. Errors are "
+                                '{"error": message}, the message naming the field or limit and what to do.'},
+        "paths": paths,
+        "components": {"schemas": _schemas(translator, settings, explorer),
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                           "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}},
+        "security": security,
+    }
