@@ -29,7 +29,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import json
-import os
 import random
 import re
 import socket
@@ -42,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 from explorer_load import MemoryWatch, pct, rss_mib  # noqa: E402
+from serve_load import start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "checkpoint_v1"
@@ -49,15 +49,8 @@ HEAD = b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: applica
 
 
 def start(repo: Path, checkpoint: str, *flags: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "tformer", "serve", "--checkpoint", checkpoint, "--port", "0",
-                             *flags], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(repo)})
-    line = proc.stdout.readline()
-    match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-    if not match:
-        proc.kill()
-        sys.exit(f"tformer serve did not start: {line!r}")
-    return proc, int(match.group(1))
+    proc, url = start_server(checkpoint, *flags, repo=repo)
+    return proc, int(url.rsplit(":", 1)[1])
 
 
 def read_response(s: socket.socket) -> bytes:

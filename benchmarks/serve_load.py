@@ -37,10 +37,11 @@ from explorer_load import MemoryWatch, pct, rss_mib  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_server(checkpoint: str, *flags: str) -> tuple[subprocess.Popen, str]:
+def start_server(checkpoint: str, *flags: str, repo: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`tformer serve` of the checkout `repo` on a free port: (process, base URL)."""
     proc = subprocess.Popen([sys.executable, "-m", "tformer", "serve", "--checkpoint", checkpoint, "--port", "0",
-                             *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             *flags], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(repo)})
     line = proc.stdout.readline()
     match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
     if not match:
