@@ -176,14 +176,12 @@ class Batcher:
             now = time.monotonic()
             for job in live:
                 job.started_at = now
-            try:
-                if live:
-                    self._run(live)
-            finally:
-                with self._cond:
-                    self._pending -= sum(j.sentences for j in group)
-                    self.stats.dropped += len(group) - len(live)
-                    self._cond.notify_all()
+            with self._cond:  # cancelled since they were taken: they leave the count now
+                self._pending -= sum(j.sentences for j in group if j not in live)
+                self.stats.dropped += len(group) - len(live)
+                self._cond.notify_all()
+            if live:
+                self._run(live)  # each job leaves the count as it is answered (_answer)
 
     def _run(self, group: list[Job]) -> None:
         try:
@@ -209,12 +207,16 @@ class Batcher:
 
     def _answer(self, group: list[Job], results: list[Any] | None = None,
                 exception: BaseException | None = None) -> None:
+        """Deliver the results (or the exception). The jobs leave the pending count first: a client answered
+        may send its next request at once, and finds room for it."""
         with self._cond:
             self.stats.batches += 1
             self.stats.jobs += len(group)
             n = sum(j.sentences for j in group)
             self.stats.sentences += n
             self.stats.largest_batch = max(self.stats.largest_batch, n)
+            self._pending -= n
+            self._cond.notify_all()
         for i, job in enumerate(group):
             if exception is not None:
                 job.future.set_exception(exception)
