@@ -308,7 +308,8 @@ def test_bad_input_raises_one_family_naming_what_and_where(translator, tmp_path,
 def test_train_and_translate_from_python(tmp_path):
     cfg = tformer.Config.from_yaml("copy", ["model.d_model=32", "model.d_ff=64", "data.train_size=300",
                                             "data.valid_size=20", "data.test_size=20", "data.max_len=8",
-                                            "train.max_steps=30", "train.eval_every=15", "train.attention_examples=0"])
+                                            "train.max_steps=30", "train.eval_every=15", "train.attention_examples=0",
+                                            "train.max_hours=0"])  # the recipe's 4-minute cap: not in a test
     result = tformer.train(cfg, tmp_path / "run")
     assert isinstance(result, tformer.TrainResult) and result.step == 30 and result.checkpoint.exists()
     resumed = tformer.train(None, tmp_path / "run", resume=True, overrides=["train.max_steps=40"])

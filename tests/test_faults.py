@@ -38,7 +38,7 @@ RUN = ["--config", "copy", "model.d_model=32", "model.n_heads=4", "model.d_ff=64
        "data.length_mean=5", "data.max_len=8", "data.train_size=200", "data.valid_size=20", "data.test_size=20",
        "train.max_tokens=128", "train.epochs=100", "train.max_steps=60", "train.log_every=1", "train.save_every=3",
        "train.eval_every=20", "train.keep_last=2", "train.threads=1", "train.deterministic=true",
-       "train.target_exact_match=0", "--no-progress"]
+       "train.target_exact_match=0", "train.max_hours=0", "--no-progress"]  # no wall-clock stop: equal runs
 
 # A child that runs the command line, killing itself with SIGKILL at the K-th checkpoint-writing event of
 # its life: before the call, or, for safetensors files, after writing half of the file.

@@ -30,7 +30,7 @@ SKIP_ANYWHERE = ("__pycache__", "*.egg-info", "*.pyc")
 # The demo, made a few seconds long: a small model, a small copy task of short sequences, 30 updates.
 QUICK = ["train.max_steps=30", "data.train_size=200", "data.valid_size=20", "data.test_size=20",
          "data.symbols=6", "data.length_mean=5", "data.max_len=8", "train.eval_every=10", "model.d_model=32",
-         "model.d_ff=64", "train.attention_examples=0", "train.threads=1"]
+         "model.d_ff=64", "train.attention_examples=0", "train.threads=1", "train.max_hours=0"]
 
 
 def version_of(dist: str) -> tuple[int, int] | None:
