@@ -103,6 +103,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     import signal
 

@@ -16,6 +16,8 @@ from tformer.training.loop import train
 
 from conftest import tiny_config
 
+pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
+
 
 def _cfg(**train):
     cfg = tiny_config()

@@ -48,6 +48,7 @@ def _reference_greedy(models, src_ids, limit):
     return out
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_an_ensemble_decodes_as_the_average_of_its_models(runs):
     a, b = runs

@@ -92,6 +92,7 @@ def test_marian_needs_post_norm():
         to_hf_marian(build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32, norm="pre"), 10, 10))
 
 
+@pytest.mark.slow
 def test_onnx_encoder_and_step_decode_like_tformer(tmp_path):
     pytest.importorskip("onnxruntime", reason="pip install onnx onnxscript onnxruntime (part of the test extra)")
     pytest.importorskip("onnxscript")

@@ -32,6 +32,8 @@ from tformer.training.loop import TrainingError, build_optimizer, train
 
 from conftest import tiny_config
 
+pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--config", "copy", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
        "model.encoder_layers=1", "model.decoder_layers=1", "model.dropout=0.1", "data.symbols=6",

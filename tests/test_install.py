@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_AT_ROOT = {".git", ".venv", "runs", "build", "dist", "test-artifacts", ".hypothesis", ".pytest_cache"}
 SKIP_ANYWHERE = ("__pycache__", "*.egg-info", "*.pyc")

@@ -111,6 +111,7 @@ def test_workers_and_shard_sizes_change_nothing(corpus, tmp_path):
     assert big.texts("valid") == one.texts("valid")
 
 
+@pytest.mark.slow
 def test_a_killed_prepare_keeps_its_finished_shards_and_a_rerun_completes_it(shared_data, tmp_path):
     """SIGKILL a real `tformer prepare` once some shards are done: a rerun keeps them, removes what was half
     written and ends byte-identical to an uninterrupted prepare."""
@@ -262,6 +263,7 @@ def _train(run: Path, prepared: Path, resume: bool = False) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_training_on_a_prepared_corpus_killed_and_resumed_equals_a_straight_run(corpus, tmp_path):
     prepared = tmp_path / "prepared"
     prepare(_cfg(corpus, shard_size=700, filter_max_ratio=0.0), prepared)

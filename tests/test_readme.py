@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

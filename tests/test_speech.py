@@ -167,6 +167,7 @@ def test_frame_batches_and_lengths():
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
     from tformer.cli import main
     from tformer.explore import Explorer

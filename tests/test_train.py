@@ -74,6 +74,7 @@ def test_resume_continues_exactly(tmp_path):
         x == pytest.approx(y, abs=1e-6) for x, y in zip(losses("split"), losses("full")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [{"max_steps": 5}, {"epochs": 1}, {"max_hours": 1e-9}, {"patience": 1}])
 def test_resuming_a_run_that_reached_its_limit_changes_nothing(tmp_path, limit):
     """A finished run resumed with the same limit takes no update, evaluates nothing and writes nothing (a
@@ -166,6 +167,7 @@ def test_max_hours_stops_after_the_update_that_crosses_it(tmp_path):
     assert result.step == 1 and result.best is not None  # evaluated and saved before stopping
 
 
+@pytest.mark.slow
 def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_float32_state(tmp_path, monkeypatch):
     """Under autocast the generator's logits come out of a bf16 matmul (the loss then takes the whole-logits
     path and computes in float32), the weights and optimizer state stay float32, and the loss still falls."""

@@ -92,6 +92,7 @@ def _cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "tformer", *map(str, args)], capture_output=True, text=True, **kw)
 
 
+@pytest.mark.slow
 def test_train_evaluate_translate_average(corpus, tmp_path):
     import yaml
 

@@ -22,6 +22,8 @@ from tformer.data.download import (WMT14_ARCHIVES, WMT14_LAYOUT, Archive, downlo
 from tformer.errors import DataError
 from tformer.metrics import moses_tokenize, split_compounds, translation_scores
 
+pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
+
 # --------------------------------------------------------------------------- synthetic archives
 
 EUROPARL = (["Resumption of the session", "I declare resumed the session.", "Thank you, Mr Segni."],
