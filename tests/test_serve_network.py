@@ -23,6 +23,7 @@ from conftest import REL
 from test_serve import CHECKPOINT, LINES, _start, _wait, call, live
 
 import tformer
+from tformer.serve import Settings
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +275,14 @@ def test_a_time_limit_is_a_number_within_the_servers(translator):
             status, out, _ = call(url, "/v1/translate", {"src": [LINES[0]], "timeout": bad})
             assert status == 400 and out["error"].startswith("timeout: must be a number of seconds > 0 and at most 5")
         assert call(url, "/v1/score", {"src": [LINES[0]], "tgt": ["DOG"], "timeout": 2.5})[0] == 200
+
+
+def test_deadlines_are_positive_numbers_of_seconds():
+    for name, flag in (("header_timeout", "--header-timeout"), ("body_timeout", "--body-timeout"),
+                       ("timeout", "--timeout")):
+        for bad in (0, -1.5, float("nan"), float("inf"), "10", True):
+            with pytest.raises(tformer.ConfigError, match=f"{flag} must be a number of seconds > 0, got"):
+                Settings(**{name: bad})
 
 
 # ------------------------------------------------------------------------------------------ a flood
