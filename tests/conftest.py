@@ -67,10 +67,13 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    """Encoded-data cache in a temporary folder, never the user's ~/.cache."""
-    monkeypatch.setenv("TFORMER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Encoded-data cache in a temporary folder, never the user's ~/.cache: for the whole session, so that
+    module-scoped fixtures (a server whose explorer reads examples from the data) use it too."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TFORMER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        yield
 
 
 def small_multi30k(shared: Path, out: Path, n_train: int = 3000, n_eval: int = 200) -> Path:
