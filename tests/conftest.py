@@ -10,6 +10,13 @@ from hypothesis import HealthCheck, settings
 
 from tformer.config import Config, DataConfig, ModelConfig, TrainConfig
 
+# Under pytest-xdist (the README's `-n auto`), each worker process computes on one thread, and so does every
+# command it starts: the workers already fill the cores, and OpenMP threads that outnumber them spin against
+# each other (on this 2-core machine two workers of two threads each took 8.1 min, of one thread 4.1 min).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # Hypothesis profiles, for every test module (HYPOTHESIS_PROFILE picks one): `ci`, the default, is derandomized
 # so that a CI run is reproducible; `random` draws the same number of examples afresh each run (reproduce one
 # with --hypothesis-seed=N); `long` draws 20x as many.

@@ -39,3 +39,11 @@ def test_use_from_python_snippets_run(tmp_path, monkeypatch, capsys):
     written = (tmp_path / "output.txt").read_text(encoding="utf-8").split("\n")
     assert len(written) == 5 and written[2] == ""  # 4 lines (one empty) and the final newline
     assert written[:4] == [t.text for t in translator.translate(["a b c", "x y z", "", "q q"], beam=5)]
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text[text.index("**Run the tests:**"):]
+    command = re.search(r"```bash\n(.*?)\n```", block, re.S).group(1).strip()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert ci == command and "pytest" in command
