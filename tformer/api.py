@@ -45,7 +45,8 @@ from tformer.inspection import attention_maps, check_alignment, hard_alignments,
 from tformer.model.ensemble import Ensemble
 from tformer.results import (SCORE_FORMATS, Alignment, Evaluation, Hypothesis, Score, Translation, format_score,
                              format_translation, parse_pair)
-from tformer.training.checkpoint import Checkpoint, load_checkpoint
+from tformer.convert import open_checkpoint
+from tformer.training.checkpoint import Checkpoint
 from tformer.training.start import prepare, train, train_config  # noqa: F401  (the public API: tformer.train)
 
 MAX_SOURCE_TOKENS = 1024  # default limit on a source's pieces: attention memory grows with its square
@@ -554,7 +555,7 @@ def load(path: str | Path | Sequence[str | Path], which: str = "best", *, device
         raise ConfigError("load needs a checkpoint or run folder (a list: at least one)")
     ckpts = []
     for p in paths:
-        ckpt = load_checkpoint(p, which=which, overrides=list(overrides))
+        ckpt = open_checkpoint(p, which=which, overrides=list(overrides))
         cfg = ckpt.cfg
         if attention is not None:
             cfg = dataclasses.replace(cfg, model=updated(cfg.model, "model", {"attention": attention}))

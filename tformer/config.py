@@ -56,12 +56,16 @@ class ModelConfig:
     dropout: float = 0.1  # embeddings (+positions) and every residual branch
     attention_dropout: float = 0.1  # attention weights
     ffn_dropout: float = 0.1  # inside the FFN, after the activation
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Literal["relu", "gelu", "silu"] = "relu"  # silu: swish, x sigmoid(x) (Marian's OPUS-MT models)
     norm: Literal["post", "pre"] = "post"  # post: the paper; pre: Annotated Transformer / DGL (+ final norm)
     layer_norm_eps: float = 1e-5
     positions: Literal["sinusoidal", "learned", "tupe", "tupe-r"] = "sinusoidal"  # encoder and decoder; tupe:
     # position-position correlations added to the self-attention scores (see tformer.positions)
     decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r"] = ""  # "" = as model.positions
+    sinusoid: Literal["interleaved", "halves", "marian"] = "interleaved"  # the sinusoidal table's layout: the
+    # paper's (sin, cos interleaved), Hugging Face MarianMT's (sines, then cosines) or Marian's C++ (sines, then
+    # cosines, other frequencies); see tformer.positions.sinusoidal_table
+    scale_embedding: bool = True  # token embeddings x sqrt(d_model) before positions are added (the paper)
     max_positions: int = 1024  # rows of a learned table (learned, tupe); later positions reuse the last row
     untie_first: bool = False  # tupe: learned bias values for the first token's row and column ([CLS] reset)
     relative_buckets: int = 32  # tupe-r: buckets of relative distance (bidirectional: half per direction)

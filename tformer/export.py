@@ -71,7 +71,8 @@ def _converter_class():
             cfg, model = translator.config.model, translator.model
             check_exportable(cfg)
             state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-            activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg.activation]
+            activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                          "silu": common_spec.Activation.SWISH}[cfg.activation]
             spec = transformer_spec.TransformerSpec.from_config(
                 (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.norm == "pre",
                 activation=activation)
@@ -92,7 +93,7 @@ def _converter_class():
 def _positions(cfg: ModelConfig, model, side: str) -> np.ndarray:
     embed = model.src_embed if side == "encoder" else model.tgt_embed
     if cfg.side_positions(side) == "sinusoidal":
-        return sinusoidal_table(cfg.max_positions, cfg.d_model).numpy()
+        return sinusoidal_table(cfg.max_positions, cfg.d_model, cfg.sinusoid).numpy()
     return embed.positions.table.weight.detach().float().numpy()  # learned
 
 
@@ -100,7 +101,7 @@ def _fill(spec, state: dict[str, np.ndarray], side: str, cfg: ModelConfig, model
     D = cfg.d_model
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings  # encoder: a list
     embeddings.weight = state[("src" if side == "encoder" else "tgt") + "_embed.tokens.weight"]
-    spec.scale_embeddings = True
+    spec.scale_embeddings = cfg.scale_embedding
     spec.position_encodings.encodings = _positions(cfg, model, side)
     if cfg.norm == "pre":
         spec.layer_norm.gamma, spec.layer_norm.beta = state[f"{side}.norm.weight"], state[f"{side}.norm.bias"]
@@ -154,6 +155,9 @@ def translate_ctranslate2(model_dir: str | Path, translator, sources: list[str],
 # ------------------------------------------------------------------------------------------ Hugging Face
 
 
+HF_ACTIVATION = {"relu": "relu", "gelu": "gelu", "silu": "swish"}  # tformer's name -> transformers' ACT2FN name
+
+
 def to_hf_marian(model):
     """The same network as a Hugging Face `MarianMTModel` (weights copied; built from a config, nothing is
     downloaded), for side-by-side comparisons: MarianMT is a post-norm Transformer with sqrt(d)-scaled
@@ -172,8 +176,8 @@ def to_hf_marian(model):
     hf_cfg = MarianConfig(
         vocab_size=V_src, decoder_vocab_size=V_tgt, d_model=cfg.d_model, encoder_layers=cfg.encoder_layers,
         decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
-        max_position_embeddings=cfg.max_positions, scale_embedding=True, dropout=0.0, attention_dropout=0.0,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=HF_ACTIVATION[cfg.activation],
+        max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embedding, dropout=0.0, attention_dropout=0.0,
         activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
         forced_eos_token_id=None, share_encoder_decoder_embeddings=shared,
         tie_word_embeddings=cfg.tie_generator and shared)

@@ -31,7 +31,8 @@ from tformer.data.batching import pad_frames, pad_sequences
 from tformer.data.vocab import Vocab
 from tformer.decode import NBest, max_lengths, search
 from tformer.model import Transformer, build_model
-from tformer.training.checkpoint import Checkpoint, load_checkpoint
+from tformer.convert import open_checkpoint
+from tformer.training.checkpoint import Checkpoint
 
 Source = list[int] | Tensor  # ids without specials, or frames (S, F)
 BatchType = Literal["examples", "tokens"]
@@ -193,5 +194,5 @@ def load_model(path: str, which: str = "best", overrides: Sequence[str] = (),
     """A run folder's `which` checkpoint (or a checkpoint folder) and its model (see `model_from`).
     `overrides` may change only what inference may (decode.*, model.attention)."""
     check_inference_overrides(list(overrides))
-    ckpt = load_checkpoint(path, which=which, overrides=list(overrides))
+    ckpt = open_checkpoint(path, which=which, overrides=list(overrides))
     return ckpt, model_from(ckpt, device)

@@ -29,26 +29,49 @@ from torch import Tensor, nn
 log = logging.getLogger("tformer")
 
 
-def sinusoidal_table(length: int, d_model: int) -> Tensor:
-    """PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(p / 10000^(2i/D)); (L, D) float32."""
+SINUSOIDS = ("interleaved", "halves", "marian")
+
+
+def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> Tensor:
+    """The sinusoidal position table, (L, D) float32, computed in float64. With frequencies w_i (i < D/2):
+
+        interleaved  the paper: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = 10000^(-2i/D)
+        halves       Hugging Face's MarianMT: the same w_i, sines in columns 0 .. D/2-1, cosines after them
+        marian       Marian's C++ (and CTranslate2's Marian converter): sines then cosines like halves, but
+                     w_i = 10000^(-i/(D/2-1)), the timescales of tensor2tensor (the last one is exactly 1/10000)
+
+    An imported model keeps the table it was trained with: the two Marian tables differ (an OPUS-MT model read
+    from Marian's .npz uses `marian`, one converted to Hugging Face uses `halves`)."""
+    if layout not in SINUSOIDS:
+        raise ValueError(f"unknown sinusoid layout {layout!r}; choose one of {', '.join(SINUSOIDS)}")
+    half = d_model // 2
     position = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
-    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(length, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * div)
-    table[:, 1::2] = torch.cos(position * div[: d_model // 2])
+    i = torch.arange(half + d_model % 2, dtype=torch.float64)
+    if layout == "marian":
+        w = torch.exp(i * (-math.log(10000.0) / max(half - 1, 1)))
+    else:
+        w = torch.exp(2 * i * (-math.log(10000.0) / d_model))  # (ceil(D/2),)
+    angle = position * w  # (L, ceil(D/2))
+    if layout == "interleaved":
+        table = torch.zeros(length, d_model, dtype=torch.float64)
+        table[:, 0::2] = torch.sin(angle)
+        table[:, 1::2] = torch.cos(angle[:, :half])
+    else:
+        table = torch.cat([torch.sin(angle), torch.cos(angle[:, :half])], dim=1)
     return table.float()  # (L, D)
 
 
 class SinusoidalPositions(nn.Module):
-    def __init__(self, d_model: int, initial_length: int = 1024) -> None:
+    def __init__(self, d_model: int, initial_length: int = 1024, layout: str = "interleaved") -> None:
         super().__init__()
-        self.d_model = d_model
-        self.register_buffer("table", sinusoidal_table(initial_length, d_model), persistent=False)
+        self.d_model, self.layout = d_model, layout
+        self.register_buffer("table", sinusoidal_table(initial_length, d_model, layout), persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         end = offset + length
         if end > self.table.shape[0]:  # grow (doubling) rather than fail: sinusoids have no limit
-            self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model).to(self.table.device)
+            grown = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model, self.layout)
+            self.table = grown.to(self.table.device)
         return self.table[offset:end]  # (L, D)
 
     def at(self, positions: Tensor) -> Tensor:
@@ -168,10 +191,11 @@ class TupeBias(nn.Module):
 TUPE = ("tupe", "tupe-r")
 
 
-def build_positions(kind: str, d_model: int, max_positions: int) -> nn.Module | None:
+def build_positions(kind: str, d_model: int, max_positions: int,
+                    sinusoid: str = "interleaved") -> nn.Module | None:
     """The module that adds positions to embeddings; None for TUPE (positions enter as attention bias)."""
     if kind == "sinusoidal":
-        return SinusoidalPositions(d_model)
+        return SinusoidalPositions(d_model, layout=sinusoid)
     if kind == "learned":
         return LearnedPositions(d_model, max_positions)
     if kind in TUPE:

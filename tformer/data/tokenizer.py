@@ -1,12 +1,15 @@
 """Text <-> ids. `SubwordTokenizer` wraps a SentencePiece model trained here (ids 0..3 are <pad>, <s>, </s>,
 <unk>, the same as `Vocab`, so SentencePiece ids are model ids); `WordTokenizer` splits on whitespace and
-looks words up in a `Vocab` (the synthetic tasks and pre-tokenised text).
+looks words up in a `Vocab` (the synthetic tasks and pre-tokenised text); `PieceTableTokenizer` cuts text into
+SentencePiece pieces and looks the pieces up in a table of its own (imported Marian / OPUS-MT models, whose
+vocab.json numbers the pieces differently from their SentencePiece models).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -117,3 +120,65 @@ def train_sentencepiece(sentences: list[str], vocab_size: int, model_type: str =
         raise ConfigError(f"SentencePiece could not train a {vocab_size}-piece {model_type} vocabulary"
                           f"{' for ' + seed_name if seed_name else ''}: {e}; lower data.vocab_size") from None
     return SubwordTokenizer(buf.getvalue(), "trained model")
+
+
+class PieceTableTokenizer:
+    """SentencePiece pieces looked up in a vocabulary of their own: the tokenizer of an imported Marian model.
+
+    Text -> pieces (the SentencePiece model, no ids) -> `vocab` (tformer's layout: <pad> <s> </s> <unk>, then
+    the other entries in the order of their ids in the original table); a piece missing from the table is
+    <unk>. A leading target-language tag such as `>>deu<<` (multilingual OPUS-MT models) is one entry, never
+    cut into pieces; MarianTokenizer does the same. `original` is the id each entry had in the imported table
+    (the rows the weights were permuted by, kept for export; `tformer.convert`)."""
+
+    def __init__(self, model_bytes: bytes, vocab: Vocab, original: list[int], name: str = "<memory>") -> None:
+        import sentencepiece as spm
+
+        if len(original) != len(vocab):
+            raise DataError(f"{name}: {len(original)} original ids for a vocabulary of {len(vocab)} entries")
+        self.model_bytes, self.vocab, self.original = model_bytes, vocab, list(original)
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(model_bytes)
+        except (RuntimeError, OSError) as e:
+            raise DataError(f"{name} is not a SentencePiece model ({e})") from None
+
+    def encode(self, text: str) -> list[int]:
+        tag = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1:
+            tag, text = [text[: end + 2]], text[end + 2 :]
+        return self.vocab.encode(tag + self.sp.encode(text, out_type=str))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Entries the SentencePiece model does not know (a joint table's other-language pieces) keep their
+        '▁' word marks through decode_pieces: they become spaces afterwards, as MarianTokenizer does."""
+        return self.sp.decode_pieces(self.vocab.decode(ids)).replace("\u2581", " ").strip()
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(self.model_bytes)
+        h.update(json.dumps([self.vocab.itos, self.original]).encode("utf-8"))
+        return h.hexdigest()
+
+    def save(self, folder: str | Path, side: str) -> None:
+        """spm.{side}.model and table.{side}.json (the original id of each entry) beside vocab.{side}.txt."""
+        folder = Path(folder)
+        (folder / f"spm.{side}.model").write_bytes(self.model_bytes)
+        (folder / f"table.{side}.json").write_text(json.dumps({"original_ids": self.original}), encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: str | Path, side: str, vocab: Vocab) -> "PieceTableTokenizer":
+        folder = Path(folder)
+        model, table = folder / f"spm.{side}.model", folder / f"table.{side}.json"
+        try:
+            ids = json.loads(table.read_text(encoding="utf-8"))["original_ids"]
+            model_bytes = model.read_bytes()
+        except FileNotFoundError as e:
+            raise DataError(f"{e.filename} does not exist; the checkpoint is incomplete") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{table} is damaged ({e}); the checkpoint is corrupt") from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise DataError(f"{table}: 'original_ids' must be a list of whole numbers; the checkpoint is corrupt")
+        return cls(model_bytes, vocab, ids, str(model))

@@ -37,13 +37,14 @@ def position_vectors(module: nn.Module | None, positions: Tensor | slice) -> Ten
 
 
 class Embeddings(nn.Module):
-    """Token embedding scaled by sqrt(D) plus absolute positions (none with TUPE), then dropout."""
+    """Token embedding scaled by sqrt(D) (unless `scale` is False) plus absolute positions (none with TUPE),
+    then dropout."""
 
     def __init__(self, tokens: nn.Embedding, positions: nn.Module | None, dropout: float,
-                 add_positions: bool = True) -> None:
+                 add_positions: bool = True, scale: bool = True) -> None:
         super().__init__()
         self.tokens, self.positions = tokens, positions
-        self.scale = math.sqrt(tokens.embedding_dim)
+        self.scale = math.sqrt(tokens.embedding_dim) if scale else 1.0
         self.dropout = Dropout(dropout)
         self.add_positions = add_positions
 

@@ -34,7 +34,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
         super().__init__()
         self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.activation = {"relu": F.relu, "gelu": F.gelu}[activation]
+        self.activation = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}[activation]
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -117,17 +117,17 @@ class Transformer(nn.Module):
         self.cfg = cfg
         D = cfg.d_model
         enc_kind, dec_kind = cfg.side_positions("encoder"), cfg.side_positions("decoder")
-        positions = build_positions(enc_kind, D, cfg.max_positions)  # no weights when sinusoidal
+        positions = build_positions(enc_kind, D, cfg.max_positions, cfg.sinusoid)  # no weights when sinusoidal
         shared = enc_kind == dec_kind == "sinusoidal"
-        tgt_positions = positions if shared else build_positions(dec_kind, D, cfg.max_positions)
+        tgt_positions = positions if shared else build_positions(dec_kind, D, cfg.max_positions, cfg.sinusoid)
         tgt_tokens = nn.Embedding(tgt_vocab, D)
         once = cfg.kind != "universal"  # the ACT stack adds positions at every step itself
         if cfg.source == "features":  # src_vocab is unused: frames are projected, not looked up
             self.src_embed: Embeddings | FrameEmbeddings = FrameEmbeddings(cfg, positions, once)
         else:
             src_tokens = tgt_tokens if cfg.share_embeddings else nn.Embedding(src_vocab, D)
-            self.src_embed = Embeddings(src_tokens, positions, cfg.dropout, once)
-        self.tgt_embed = Embeddings(tgt_tokens, tgt_positions, cfg.dropout, once)
+            self.src_embed = Embeddings(src_tokens, positions, cfg.dropout, once, cfg.scale_embedding)
+        self.tgt_embed = Embeddings(tgt_tokens, tgt_positions, cfg.dropout, once, cfg.scale_embedding)
         bias = dict(d_model=D, n_heads=cfg.n_heads, max_positions=cfg.max_positions, untie_first=cfg.untie_first,
                     buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
         self.src_bias = build_attention_bias(enc_kind, causal=False, **bias)  # TUPE, else None

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from tformer.config import Config, ConfigError, load_config, save_config
 from tformer.data.speech import CharTokenizer, FrameInput
-from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
+from tformer.data.tokenizer import PieceTableTokenizer, SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
 from tformer.errors import CheckpointError, DataError, NoCheckpointError
 from tformer.files import replace_atomically
@@ -277,19 +277,26 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
 
 
 def _kind(tok: Tokenizer) -> str:
-    return {SubwordTokenizer: "subword", CharTokenizer: "char", FrameInput: "frames"}.get(type(tok), "word")
+    return {SubwordTokenizer: "subword", CharTokenizer: "char", FrameInput: "frames",
+            PieceTableTokenizer: "pieces"}.get(type(tok), "word")
+
+
+KINDS = ("word", "subword", "char", "frames", "pieces")
 
 
 def save_tokenizers(tokenizers: Tokenizers, folder: Path) -> None:
-    """vocab.{src,tgt}.txt always; spm.{src,tgt}.model for SentencePiece tokenizers; tokenizers.txt names the
-    kind of each side when one is not a word or SentencePiece tokenizer (characters, frames)."""
+    """vocab.{src,tgt}.txt always; spm.{src,tgt}.model for SentencePiece tokenizers (+ table.{src,tgt}.json for a
+    piece table's); tokenizers.txt names the kind of each side when one is not a word or SentencePiece
+    tokenizer (characters, frames, a piece table)."""
     kinds = []
     for side, tok in zip(("src", "tgt"), tokenizers):
         tok.vocab.save(folder / f"vocab.{side}.txt")
         if isinstance(tok, SubwordTokenizer):
             tok.save(folder / f"spm.{side}.model")
+        elif isinstance(tok, PieceTableTokenizer):
+            tok.save(folder, side)
         kinds.append(f"{side} {_kind(tok)}\n")
-    if any(k.split()[1] in ("char", "frames") for k in kinds):
+    if any(k.split()[1] in ("char", "frames", "pieces") for k in kinds):
         (folder / "tokenizers.txt").write_text("".join(kinds), encoding="utf-8")
 
 
@@ -298,9 +305,9 @@ def load_tokenizers(folder: Path) -> Tokenizers:
     if (folder / "tokenizers.txt").exists():
         for n, line in enumerate((folder / "tokenizers.txt").read_text(encoding="utf-8").splitlines(), 1):
             side, _, kind = line.partition(" ")
-            if side not in kinds or kind not in ("word", "subword", "char", "frames"):
-                raise CheckpointError(f"{folder / 'tokenizers.txt'}, line {n}: expected 'src|tgt word|subword|"
-                                      f"char|frames', got {line!r}")
+            if side not in kinds or kind not in KINDS:
+                raise CheckpointError(f"{folder / 'tokenizers.txt'}, line {n}: expected 'src|tgt "
+                                      f"{'|'.join(KINDS)}', got {line!r}")
             kinds[side] = kind
     out = []
     for side in ("src", "tgt"):
@@ -311,6 +318,8 @@ def load_tokenizers(folder: Path) -> Tokenizers:
                 tok = CharTokenizer(vocab)
             elif kinds[side] == "frames":
                 tok = FrameInput(vocab)
+            elif kinds[side] == "pieces":
+                tok = PieceTableTokenizer.load(folder, side, vocab)
             else:
                 tok = SubwordTokenizer.load(model) if model.exists() else WordTokenizer(vocab)
         except DataError as e:  # a missing or damaged vocabulary or SentencePiece file
@@ -438,6 +447,8 @@ def _check_optimizer_tensors(file: Path, tensors: dict[str, Tensor], groups: Any
 
 
 def load_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()) -> Checkpoint:
+    """A run folder's `which` checkpoint or a checkpoint folder (tformer.convert.open_checkpoint also reads
+    other toolkits' folders)."""
     ckpt = resolve_checkpoint(path, which)
     try:
         info = json.loads((ckpt / "trainer.json").read_text(encoding="utf-8"))

@@ -1,0 +1,227 @@
+"""Hugging Face MarianMT (OPUS-MT) folders read by tformer, with transformers as the oracle: token ids equal
+MarianTokenizer's, teacher-forced logits and log-probabilities equal MarianMTModel's, greedy output equals
+generate(num_beams=1); `tformer import hf-marian` writes a run folder that decodes identically; a damaged or
+foreign folder is a CheckpointError naming the file (and the field), with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from hf_marian_models import TAGS, make_folder  # noqa: E402
+
+import tformer  # noqa: E402
+from tformer.config import DecodeConfig  # noqa: E402
+from tformer.errors import CheckpointError  # noqa: E402
+from tformer.inference import translate_ids  # noqa: E402
+
+SOURCES = ["A man in a blue shirt is standing on a ladder.", ">>deu<< Two dogs play in the snow.",
+           "Three children are running on the beach near a big wave", "A woman sings."]
+TARGETS = ["Ein Mann steht auf einer Leiter.", "Zwei Hunde spielen im Schnee.", "Kinder rennen am Strand",
+           "Eine Frau singt auf der Bühne vor vielen Leuten."]
+VARIANTS = {  # the settings a MarianConfig may have that change the network
+    "opus-mt": {},  # swish, one table for source, target and output, embeddings x sqrt(d)
+    "gelu-untied": {"activation": "gelu", "tie": False, "scale_embedding": False},
+    "relu-separate-tables": {"activation": "relu", "share": False, "tie": True},
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {name: make_folder(root / name, seed=i, **kw) for i, (name, kw) in enumerate(VARIANTS.items())}
+
+
+def hf_pair(folder):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    return MarianMTModel.from_pretrained(folder).eval(), MarianTokenizer.from_pretrained(folder)
+
+
+def original(translator, ids, side="target"):
+    """tformer ids -> the folder's own ids."""
+    tok = translator.source_tokenizer if side == "source" else translator.target_tokenizer
+    return [tok.original[i] for i in ids]
+
+
+def test_token_ids_equal_marian_tokenizers(folders):
+    t = tformer.load(folders["opus-mt"], device="cpu")
+    _, tok = hf_pair(folders["opus-mt"])
+    texts = SOURCES + ["a dog", ">>fra<< un chat", "Übermäßig große Häuser 123 ..."]
+    unknown = tag = 0
+    for text in texts:
+        ids = t.encode(text)
+        assert original(t, ids, "source") + [tok.eos_token_id] == tok(text)["input_ids"], text
+        unknown += ids.count(t.source_tokenizer.vocab.unk)
+        tag += sum(p in TAGS for p in t.pieces(ids, "source"))
+    assert unknown >= 1 and tag == 2  # '▁a' is missing from vocab.json; each tag is one entry
+    for text in TARGETS:
+        want = tok(text_target=text)["input_ids"]
+        assert original(t, t.encode(text, "target")) + [tok.eos_token_id] == want
+
+
+def teacher_forced(folder):
+    """(tformer logits in the folder's id order, Hugging Face logits, real-position mask) on a padded batch."""
+    t = tformer.load(folder, device="cpu")
+    hf, tok = hf_pair(folder)
+    start = hf.config.decoder_start_token_id
+    src = tok(SOURCES, return_tensors="pt", padding=True)
+    tgt = tok(text_target=TARGETS, return_tensors="pt", padding=True)
+    dec_in = torch.cat([torch.full((len(TARGETS), 1), start), tgt.input_ids[:, :-1]], 1)
+    dec_mask = torch.cat([torch.ones(len(TARGETS), 1, dtype=torch.long), tgt.attention_mask[:, :-1]], 1)
+    with torch.no_grad():
+        ref = hf(input_ids=src.input_ids, attention_mask=src.attention_mask, decoder_input_ids=dec_in,
+                 decoder_attention_mask=dec_mask).logits  # (B, T, V)
+        ours = {m: i for i, m in enumerate(t.target_tokenizer.original)}  # the start row: tformer's <s> (1)
+        src_ids = torch.tensor([[ours[m] for m in row] for row in src.input_ids.tolist()])
+        tgt_ids = torch.tensor([[ours[m] for m in row] for row in dec_in.tolist()])
+        src_ids[src.attention_mask == 0] = 0
+        tgt_ids[dec_mask == 0] = 0
+        out = t.model(src_ids, src.attention_mask.sum(1), tgt_ids, dec_mask.sum(1))
+        logits = t.model.generator(out.padded())  # (B, T, V + 1): <pad> and <s> both hold the start row
+    mine = torch.full_like(ref, float("nan"))
+    mine[..., original(t, range(1, logits.shape[-1]))] = logits[..., 1:]  # every original id once
+    return mine, ref, logits, dec_mask.bool()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_teacher_forced_logits_equal_hugging_face(folders, variant):
+    mine, ref, logits, real = teacher_forced(folders[variant])
+    assert not mine.isnan().any()
+    assert (mine - ref)[real].abs().max() <= 1e-5
+    # tformer's extra <pad> entry takes no probability: the log-softmax over V + 1 equals MarianMT's over V
+    assert (logits.log_softmax(-1)[..., 0][real].exp() == 0).all()
+    assert (logits.log_softmax(-1)[..., 1:].exp().sum(-1)[real] - 1).abs().max() <= 1e-5
+    assert (logits.log_softmax(-1)[..., 1:].max(-1).values - ref.log_softmax(-1).max(-1).values)[real].abs().max() \
+        <= 1e-5
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_scores_equal_hugging_face_log_probabilities(folders, variant):
+    t = tformer.load(folders[variant], device="cpu")
+    hf, tok = hf_pair(folders[variant])
+    scored = t.score(SOURCES, TARGETS)
+    for s, x, got in zip(SOURCES, TARGETS, scored):
+        src = tok(s, return_tensors="pt")
+        labels = tok(text_target=x, return_tensors="pt").input_ids
+        with torch.no_grad():
+            lp = hf(**src, labels=labels).logits.log_softmax(-1)[0]
+        want = float(lp.gather(1, labels[0][:, None]).sum())
+        assert abs(got.log_prob - want) <= 1e-5 * max(1.0, abs(want)), (s, got.log_prob, want)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_equals_generate(folders, variant):
+    t = tformer.load(folders[variant], device="cpu")
+    hf, tok = hf_pair(folders[variant])
+    N = 24
+    sources = [t.encode(s) for s in SOURCES]
+    got = translate_ids(t.model, sources, DecodeConfig(strategy="greedy", max_len_a=0.0, max_len_b=N))
+    pad, eos = hf.config.pad_token_id, hf.config.eos_token_id
+    with torch.no_grad():
+        gen = hf.generate(**tok(SOURCES, return_tensors="pt", padding=True), num_beams=1, do_sample=False,
+                          max_new_tokens=N + 1, bad_words_ids=[[pad]], forced_eos_token_id=None)
+    for ours, row in zip(got.tokens, gen.tolist()):
+        row = row[1:]  # the start token
+        want = row[: row.index(eos)] if eos in row else row
+        assert original(t, ours[0]) == [x for x in want if x != pad][:N]
+
+
+def test_import_writes_a_run_folder_that_decodes_identically(folders, tmp_path):
+    src = folders["opus-mt"]
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tformer", "import", "hf-marian", str(src), str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    direct, imported = tformer.load(src, device="cpu"), tformer.load(out, device="cpu")
+    for a, b in zip(direct.model.state_dict().values(), imported.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert [x.text for x in direct.translate(SOURCES, beam=3)] == [x.text for x in imported.translate(SOURCES, beam=3)]
+    info = json.loads((imported.path / "trainer.json").read_text())
+    assert info["imported_from"] == {"format": "hf-marian", "path": str(src.resolve())}
+    again = subprocess.run([sys.executable, "-m", "tformer", "import", "hf-marian", str(src), str(out)],
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+
+
+def test_safetensors_and_pytorch_bin_load_the_same_model(folders, tmp_path):
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "bin"
+    shutil.copytree(folders["gelu-untied"], folder)
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    a, b = tformer.load(folders["gelu-untied"], device="cpu"), tformer.load(folder, device="cpu")
+    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+
+
+class Foreign:
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+def _edit_config(folder, **changes):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def _drop_vocab_entry(folder):
+    table = json.loads((folder / "vocab.json").read_text())
+    table.pop(next(p for p, i in table.items() if i == 5))
+    (folder / "vocab.json").write_text(json.dumps(table))
+
+
+def _foreign_bin(folder):
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save({**tensors, "extra": Foreign()}, folder / "pytorch_model.bin")
+
+
+BAD = {  # damage -> what the message must name
+    "no source.spm": (lambda f: (f / "source.spm").unlink(), ["source.spm"]),
+    "no vocab.json": (lambda f: (f / "vocab.json").unlink(), ["vocab.json"]),
+    "no weights": (lambda f: (f / "model.safetensors").unlink(), ["model.safetensors"]),
+    "bart": (lambda f: _edit_config(f, model_type="bart"), ["config.json", "model_type", "'bart'"]),
+    "activation": (lambda f: _edit_config(f, activation_function="tanh"),
+                   ["config.json", "activation_function", "'tanh'"]),
+    "pre-norm": (lambda f: _edit_config(f, normalize_before=True), ["config.json", "normalize_before", "True"]),
+    "heads": (lambda f: _edit_config(f, decoder_attention_heads=2), ["decoder_attention_heads", "2"]),
+    "vocab misses an entry": (_drop_vocab_entry, ["vocab.json", "does not match the weights"]),
+    "vocab_size": (lambda f: _edit_config(f, vocab_size=77, decoder_vocab_size=77),
+                   ["vocab.json", "'vocab_size' is 77", "does not match the weights"]),
+    "foreign pickle": (_foreign_bin, ["pytorch_model.bin", "other than tensors"]),
+    "truncated weights": (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:999]),
+                          ["model.safetensors"]),
+}
+
+
+@pytest.mark.parametrize("damage", BAD)
+def test_a_bad_folder_is_refused_by_name_and_nothing_is_written(folders, tmp_path, damage, capfd):
+    folder = tmp_path / "opus"
+    shutil.copytree(folders["opus-mt"], folder)
+    harm, names = BAD[damage]
+    harm(folder)
+    with pytest.raises(CheckpointError) as e:
+        tformer.load(folder, device="cpu")
+    for name in names:
+        assert name in str(e.value), (name, str(e.value))
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tformer", "import", "hf-marian", str(folder), str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and names[0] in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists() and "this ran" not in proc.stdout + capfd.readouterr().out
+
+
+def test_a_hub_name_says_how_to_download(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match="never downloads.*huggingface-cli download Helsinki-NLP/opus-mt-en-de"):
+        tformer.load("Helsinki-NLP/opus-mt-en-de")

@@ -1,0 +1,29 @@
+"""tformer import: a model trained elsewhere (a Hugging Face MarianMT / OPUS-MT folder) as a tformer run folder."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("import", help="convert a Hugging Face Marian (OPUS-MT) folder into a tformer run folder",
+                        description="hf-marian: a local folder with config.json, model.safetensors (or "
+                        "pytorch_model.bin, read without unpickling code), source.spm, target.spm and vocab.json, "
+                        "as `transformers` saves a MarianMTModel. The run folder it writes translates, scores, "
+                        "serves and fine-tunes like one tformer trained; every --checkpoint flag also reads the "
+                        "Hugging Face folder directly (converted in memory each time). Nothing is downloaded: "
+                        "fetch a hub model first (huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir "
+                        "opus-mt-en-de). Example: tformer import hf-marian opus-mt-en-de runs/opus-en-de")
+    sp.add_argument("format", choices=("hf-marian",), help="the folder's kind")
+    sp.add_argument("src", metavar="SRC", help="the folder to read")
+    sp.add_argument("out", metavar="OUT", help="the run folder to write (must not exist)")
+    sp.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    sp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tformer.convert import import_model
+
+    ckpt = import_model(args.format, args.src, args.out, force=args.force)
+    print(f"wrote {ckpt} from {args.src}; translate with: tformer translate --checkpoint {args.out}")
+    return 0

@@ -1,0 +1,73 @@
+"""Models trained elsewhere, in and out: a Hugging Face MarianMT folder (tformer.convert.hf_marian) read as a
+tformer checkpoint, and a tformer checkpoint written as one.
+
+    tformer.load("opus-mt-en-de")                     a local Hugging Face folder, converted in memory
+    tformer import hf-marian opus-mt-en-de runs/ende  converted once into a tformer run folder
+
+The vocabulary is mapped at this boundary and nowhere else: the imported table's entries are renumbered into
+tformer's layout (<pad> <s> </s> <unk> first) and the weight rows permuted with them; the original number of
+every entry travels with the tokenizer (`PieceTableTokenizer.original`) so that export puts them back.
+"""
+
+from __future__ import annotations
+
+
+import shutil
+from pathlib import Path
+
+from tformer.errors import CheckpointError
+
+FORMATS = ("hf-marian",)
+
+
+def hub_name(src: Path) -> bool:
+    """'Helsinki-NLP/opus-mt-en-de': a name on the Hugging Face hub rather than a folder here."""
+    parts = str(src).split("/")
+    return not src.exists() and len(parts) == 2 and all(parts) and not str(src).startswith((".", "~"))
+
+
+def read(fmt: str, src: str | Path, overrides: list[str] = ()):
+    """The checkpoint a foreign model folder holds (converted in memory), as tformer.training.checkpoint reads
+    its own."""
+    from tformer.convert.hf_marian import read_hf_marian
+
+    if fmt not in FORMATS:
+        raise CheckpointError(f"unknown import format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    src = Path(src)
+    if not src.exists():
+        hint = (f"; {src} looks like a Hugging Face hub name, but tformer never downloads: fetch the folder first, "
+                f"e.g. `huggingface-cli download {src} --local-dir {src.name}`, and pass that folder"
+                if hub_name(src) else "")
+        raise CheckpointError(f"{src} does not exist{hint}")
+    return read_hf_marian(src, list(overrides))
+
+
+def open_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()):
+    """What every --checkpoint reads: a tformer run or checkpoint folder (its `which` checkpoint), or a Hugging
+    Face MarianMT folder, converted in memory."""
+    from tformer.convert.hf_marian import is_hf_folder
+    from tformer.training.checkpoint import load_checkpoint
+
+    if is_hf_folder(path) or hub_name(Path(path)):
+        return read("hf-marian", path, list(overrides))
+    return load_checkpoint(path, which, list(overrides))
+
+
+def import_model(fmt: str, src: str | Path, out: str | Path, force: bool = False) -> Path:
+    """Convert the model folder `src` once into the tformer run folder `out` (its one checkpoint is `best` and
+    `latest`; trainer.json records where it came from). Everything is read and checked before anything is
+    written; `out` must not exist unless `force`. Returns the checkpoint folder."""
+    from tformer.model import build_model
+    from tformer.training.checkpoint import save_checkpoint
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) if out.is_dir() else out.exists():
+        if not force:
+            raise CheckpointError(f"{out} exists; choose another folder or pass --force to replace it")
+    ckpt = read(fmt, src)
+    model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
+    ckpt.load_model_state(model)
+    if out.exists():
+        shutil.rmtree(out)
+    return save_checkpoint(out, 0, model, None, {"imported_from": ckpt.trainer["imported_from"]}, ckpt.cfg,
+                           ckpt.tokenizers, best=True)
