@@ -39,9 +39,11 @@ def pieces(model: bytes) -> list[str]:
 
 def make_folder(path: Path, *, seed: int = 0, d_model: int = 32, layers: int = 2, activation: str = "swish",
                 share: bool = True, tie: bool = True, scale_embedding: bool = True, src_size: int = 160,
-                tgt_size: int = 180, drop_piece: str | None = "▁a", init_std: float = 0.3) -> Path:
+                tgt_size: int = 180, drop_piece: str | None = "▁a", init_std: float = 0.3,
+                eos_bias: float = 2.5) -> Path:
     """An OPUS-MT-like folder at `path`. `drop_piece` is left out of vocab.json (so encoding meets an unknown
-    piece, as real OPUS-MT vocabularies sometimes do)."""
+    piece, as real OPUS-MT vocabularies sometimes do); `eos_bias` raises </s> so that outputs end at varied
+    lengths well inside the limits."""
     from transformers import MarianConfig, MarianMTModel
 
     path.mkdir(parents=True, exist_ok=True)
@@ -62,14 +64,17 @@ def make_folder(path: Path, *, seed: int = 0, d_model: int = 32, layers: int = 2
                        encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model, activation_function=activation,
                        scale_embedding=scale_embedding, pad_token_id=V - 1, eos_token_id=0,
                        decoder_start_token_id=V - 1, forced_eos_token_id=0, max_position_embeddings=256,
-                       share_encoder_decoder_embeddings=share, tie_word_embeddings=tie, init_std=init_std,
-                       num_beams=4, max_length=64, bad_words_ids=[[V - 1]])
+                       share_encoder_decoder_embeddings=share, tie_word_embeddings=tie, init_std=init_std)
     torch.manual_seed(seed)
     model = MarianMTModel(cfg).eval()
     with torch.no_grad():  # random everywhere, so that no mapping error hides behind a zero or a one
         model.final_logits_bias.normal_(0, 1.0)
+        model.final_logits_bias[0, 0] += eos_bias
         for name, p in model.named_parameters():
             if "layer_norm" in name:
                 p.add_(torch.randn_like(p) * 0.2)
     model.save_pretrained(path)
+    gen = json.loads((path / "generation_config.json").read_text())  # as OPUS-MT folders publish it
+    gen.update(num_beams=4, max_length=512, bad_words_ids=[[V - 1]])
+    (path / "generation_config.json").write_text(json.dumps(gen))
     return path

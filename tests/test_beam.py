@@ -34,7 +34,7 @@ def table_step(table):
     return step
 
 
-def exhaustive_best(table, max_len, alpha):
+def exhaustive_best(table, max_len, alpha, rule="gnmt"):
     """Every complete path through `table` (ending in </s> or cut at max_len), best normalised score."""
     best = None
 
@@ -44,7 +44,7 @@ def exhaustive_best(table, max_len, alpha):
             lp, n = logp + math.log(p), len(prefix) + 1
             if tok == EOS or n == max_len:
                 out = prefix if tok == EOS else prefix + [tok]
-                score = lp / length_penalty(n, alpha)
+                score = lp / length_penalty(n, alpha, rule)
                 if best is None or score > best[0]:
                     best = (score, out)
             else:
@@ -54,10 +54,10 @@ def exhaustive_best(table, max_len, alpha):
     return best
 
 
-def run_beam(table, K, alpha, max_len=6, nbest=1, finish="all"):
+def run_beam(table, K, alpha, max_len=6, nbest=1, finish="all", rule="gnmt"):
     cache = TensorCache({"sentence": torch.zeros(1)})
     return beam_search(table_step(table), cache, BOS, EOS, torch.tensor([max_len]), K, alpha, nbest=nbest,
-                       finish=finish)
+                       finish=finish, penalty_rule=rule)
 
 
 # Greedy takes 4 (0.55) and then finds nothing better than 0.35; the best path is 5 </s> (0.45 * 0.95).
@@ -100,16 +100,16 @@ def test_length_penalty_favours_short_or_long(alpha, expected):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_wide_beam_equals_exhaustive_search_on_random_tables(seed, alpha):
+@pytest.mark.parametrize("alpha,rule", [(0.0, "gnmt"), (1.0, "gnmt"), (1.0, "power"), (2.0, "power")])
+def test_wide_beam_equals_exhaustive_search_on_random_tables(seed, alpha, rule):
     g = torch.Generator().manual_seed(seed)
     table = {}
     for n in range(4):
         for prefix in itertools.product([4, 5, 6], repeat=n):
             p = torch.rand(4, generator=g) + 0.05
             table[prefix] = dict(zip([EOS, 4, 5, 6], (p / p.sum()).tolist()))
-    oracle = exhaustive_best(table, 4, alpha)
-    hyp = run_beam(table, K=200, alpha=alpha, max_len=4)
+    oracle = exhaustive_best(table, 4, alpha, rule)
+    hyp = run_beam(table, K=200, alpha=alpha, max_len=4, rule=rule)
     assert hyp.tokens[0][0] == oracle[1]
     assert hyp.scores[0][0] == pytest.approx(oracle[0], abs=1e-5)
 

@@ -5,6 +5,7 @@ foreign folder is a CheckpointError naming the file (and the field), with nothin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -131,6 +132,35 @@ def test_greedy_equals_generate(folders, variant):
         row = row[1:]  # the start token
         want = row[: row.index(eos)] if eos in row else row
         assert original(t, ours[0]) == [x for x in want if x != pad][:N]
+
+
+@pytest.mark.parametrize("eos_bias", [2.5, 3.5])
+def test_beam_equals_generate_under_the_power_length_penalty(tmp_path, eos_bias):
+    """Beam 4 ranked by logprob / length ** alpha, as Hugging Face ranks: the same outputs and scores, for
+    outputs that end early, late and at the limit; loaded with the folder's defaults (num_beams 4, alpha 1)."""
+    folder = make_folder(tmp_path / "opus", seed=0, eos_bias=eos_bias)
+    t = tformer.load(folder, device="cpu")
+    hf, tok = hf_pair(folder)
+    assert (t.config.decode.strategy, t.config.decode.beam_size, t.config.decode.len_penalty_rule) == \
+        ("beam", 4, "power")
+    sources = SOURCES + ["A dog.", "Two men and a woman sit at a table with food and drinks in a restaurant"]
+    N = 40
+    lengths = set()
+    for alpha in (1.0, 0.6):
+        cfg = dataclasses.replace(t.config.decode, len_penalty=alpha, max_len_a=0.0, max_len_b=N)
+        got = translate_ids(t.model, [t.encode(s) for s in sources], cfg)
+        with torch.no_grad():
+            gen = hf.generate(**tok(sources, return_tensors="pt", padding=True), num_beams=4, length_penalty=alpha,
+                              max_new_tokens=N, max_length=None, forced_eos_token_id=None, output_scores=True,
+                              return_dict_in_generate=True)
+        for ours, score, row, want in zip(got.tokens, got.scores, gen.sequences.tolist(),
+                                          gen.sequences_scores.tolist()):
+            row = row[1:]
+            row = [x for x in (row[: row.index(0)] if 0 in row else row) if x != hf.config.pad_token_id]
+            assert original(t, ours[0]) == row
+            assert abs(score[0] - want) <= 1e-5 * max(1.0, abs(want))
+            lengths.add(len(row))
+    assert len(lengths) >= 2  # outputs of different lengths: the penalty decided something
 
 
 def test_import_writes_a_run_folder_that_decodes_identically(folders, tmp_path):

@@ -278,7 +278,9 @@ class DecodeConfig:
     # an exact stop (t5x): outputs the model scores higher, but on Multi30k shorter and up to 12 BLEU lower
     quantize: Literal["none", "int8"] = "none"  # int8: dynamic int8 linear layers (CPU; PyTorch quantization)
     beam_size: int = 5
-    len_penalty: float = 0.6  # GNMT alpha: score = logprob / ((5 + length) / 6) ** alpha; 0 = plain sum
+    len_penalty: float = 0.6  # alpha of the length normalisation (beam); 0 = rank by the plain sum
+    len_penalty_rule: Literal["gnmt", "power"] = "gnmt"  # gnmt: logprob / ((5 + length) / 6) ** alpha; power:
+    # logprob / length ** alpha (Hugging Face, Marian, CTranslate2, fairseq); length counts the </s>
     min_len: int = 0  # </s> is forbidden before this many tokens
     nbest: int = 1  # hypotheses returned per sentence (beam: <= beam_size; sample: independent draws)
     no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)

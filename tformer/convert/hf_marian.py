@@ -351,12 +351,17 @@ def read_hf_marian(folder: str | Path, overrides: list[str] = ()) -> ImportedChe
 
 
 def _decode_defaults(folder: Path) -> DecodeConfig:
-    """The folder's published beam size (generation_config.json, else config.json) for `--strategy beam`;
-    tformer's defaults for the rest."""
+    """Decoding as the folder publishes it (generation_config.json, else config.json): beam search of its
+    num_beams (greedy when 1) ranked by Hugging Face's rule, logprob / length ** length_penalty (default 1.0);
+    tformer's defaults for the rest (the length limit is tformer's a * source + b)."""
     for name in ("generation_config.json", "config.json"):
-        file = folder / name
-        if file.is_file():
-            gen = _json(file, name)
-            if isinstance(gen, dict) and isinstance(gen.get("num_beams"), int) and gen["num_beams"] >= 1:
-                return DecodeConfig(beam_size=gen["num_beams"])
-    return DecodeConfig()
+        gen = _json(folder / name, name) if (folder / name).is_file() else None
+        if isinstance(gen, dict) and "num_beams" in gen:
+            beams, alpha = gen.get("num_beams"), gen.get("length_penalty", 1.0)
+            if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+                raise CheckpointError(f"{folder / name}: 'num_beams' must be a whole number >= 1, got {beams!r}")
+            if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha < 0:
+                raise CheckpointError(f"{folder / name}: 'length_penalty' must be a number >= 0, got {alpha!r}")
+            return DecodeConfig(strategy="beam" if beams > 1 else "greedy", beam_size=beams,
+                                len_penalty=float(alpha), len_penalty_rule="power")
+    return DecodeConfig(len_penalty=1.0, len_penalty_rule="power")

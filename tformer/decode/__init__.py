@@ -42,7 +42,7 @@ def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: 
     bos, eos = Vocab.bos, Vocab.eos
     if cfg.strategy == "beam":
         return beam_search(step, cache, bos, eos, max_len, cfg.beam_size, cfg.len_penalty, cfg.min_len,
-                           cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish, stop)
+                           cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish, stop, cfg.len_penalty_rule)
     if cfg.strategy == "sample":
         return sample(step, cache, bos, eos, max_len, ids if ids is not None else list(range(len(max_len))),
                       cfg.nbest, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, cfg.min_len,

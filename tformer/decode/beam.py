@@ -23,8 +23,12 @@ longer outputs that a length penalty prefers). A done sentence leaves the batch,
 depends on the other sentences it is decoded with. The cache's hypothesis-level entries are reordered between
 steps; the sentence-level entries (encoder keys/values) are never copied per beam.
 
-Finished hypotheses are ranked by GNMT's length penalty (Wu et al., 2016): logprob / ((5 + |Y|) / 6) ** alpha,
-|Y| counting the </s>. alpha = 0 ranks by log-probability alone, larger alpha favours longer outputs.
+Finished hypotheses are ranked by a length-normalised score, |Y| counting the </s> (`PENALTIES`):
+
+    gnmt    GNMT's length penalty (Wu et al., 2016): logprob / ((5 + |Y|) / 6) ** alpha   (the default)
+    power   logprob / |Y| ** alpha: Hugging Face, Marian, CTranslate2 and fairseq's lenpen
+
+alpha = 0 ranks by log-probability alone (both rules), larger alpha favours longer outputs.
 
 Each step ranks tokens within each hypothesis first (the best K, or 2K, of its V), then across a sentence's
 K hypotheses: the sentence's best candidates are among its hypotheses' best ones, so the score is added to a
@@ -51,10 +55,20 @@ from torch import Tensor
 from tformer.decode.common import Cache, NBest, StepFn, Stop, forbid, force, prefix_table, row_topk, stopped
 
 FINISH_RULES = ("all", "top_k")
+PENALTIES = ("gnmt", "power")
 
 
-def length_penalty(length: int, alpha: float) -> float:
-    return ((5.0 + length) / 6.0) ** alpha
+def length_penalty(length: int, alpha: float, rule: str = "gnmt") -> float:
+    """What a finished hypothesis of `length` tokens (</s> included) divides its log-probability by."""
+    if rule not in PENALTIES:
+        raise ValueError(f"rule must be one of {PENALTIES}, got {rule!r}")
+    return ((5.0 + length) / 6.0) ** alpha if rule == "gnmt" else float(max(length, 1)) ** alpha
+
+
+def penalties(longest: int, alpha: float, rule: str, device: torch.device) -> Tensor:
+    """(longest + 1,) float64: `length_penalty` of every length 0 .. longest."""
+    lengths = torch.arange(longest + 1, dtype=torch.float64, device=device)
+    return ((5.0 + lengths) / 6.0) ** alpha if rule == "gnmt" else lengths.clamp(min=1) ** alpha
 
 
 class Finished:
@@ -85,21 +99,25 @@ class Finished:
 
 def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, beam: int, alpha: float = 0.6,
                 min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0,
-                prefix: list[list[int]] | None = None, finish: str = "top_k", stop: Stop | None = None) -> NBest:
+                prefix: list[list[int]] | None = None, finish: str = "top_k", stop: Stop | None = None,
+                penalty_rule: str = "gnmt") -> NBest:
     """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output, raised where
     `prefix` (one id list per sentence, or None) is longer. `finish`: which endings are kept (module
     docstring). Returns the `nbest` best finished hypotheses of every sentence, each beginning with the
     sentence's prefix, with their length-normalised scores (fewer than `nbest` where fewer finite ones exist,
     e.g. an output cut to exactly its prefix). `stop` (common.stopped), asked before every step, takes
-    sentences out at once with what they had finished."""
+    sentences out at once with what they had finished. `alpha` and `penalty_rule`: the length normalisation
+    (module docstring)."""
     if finish not in FINISH_RULES:
         raise ValueError(f"finish must be one of {FINISH_RULES}, got {finish!r}")
+    if penalty_rule not in PENALTIES:
+        raise ValueError(f"penalty_rule must be one of {PENALTIES}, got {penalty_rule!r}")
     B, K = max_len.shape[0], beam
     device = max_len.device
     prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
     top_k = finish == "top_k"
     finished = Finished(B, K, device)
-    penalty = ((5.0 + torch.arange(int(max_len.max()) + 2, dtype=torch.float64, device=device)) / 6.0) ** alpha
+    penalty = penalties(int(max_len.max()) + 1, alpha, penalty_rule, device)  # (longest + 2,)
     sent = torch.arange(B, device=device)  # original index of each live sentence (L live)
     # k hypotheses per live sentence: 1 at the first step (all K beams would start identical, so only one is
     # computed), then K (fewer only while K exceeds the candidates a tiny vocabulary offers)
