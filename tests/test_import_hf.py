@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 from hf_marian_models import TAGS, make_folder  # noqa: E402
 
 import tformer  # noqa: E402
+import tformer.cli  # noqa: E402
 from tformer.config import DecodeConfig  # noqa: E402
 from tformer.errors import CheckpointError  # noqa: E402
 from tformer.inference import translate_ids  # noqa: E402
@@ -255,3 +256,81 @@ def test_a_hub_name_says_how_to_download(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError, match="never downloads.*huggingface-cli download Helsinki-NLP/opus-mt-en-de"):
         tformer.load("Helsinki-NLP/opus-mt-en-de")
+
+
+def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folders, tmp_path):
+    from safetensors.torch import load_file
+
+    from tformer.export import export_hf_marian
+
+    src = folders["opus-mt"]
+    assert tformer.cli.main(["import", "hf-marian", str(src), str(tmp_path / "run")]) == 0
+    assert tformer.cli.main(["export", "--format", "hf-marian", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    back = tmp_path / "hf"
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(back / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].numpy().tobytes() == b[name].numpy().tobytes(), name
+    assert json.loads((back / "vocab.json").read_text()) == json.loads((src / "vocab.json").read_text())
+    for name in ("source.spm", "target.spm"):
+        assert (back / name).read_bytes() == (src / name).read_bytes()
+    want, got = (json.loads((f / "config.json").read_text()) for f in (src, back))
+    for key in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "activation_function", "scale_embedding",
+                "pad_token_id", "eos_token_id", "decoder_start_token_id", "share_encoder_decoder_embeddings",
+                "tie_word_embeddings", "max_position_embeddings"):
+        assert got[key] == want[key], key
+    with pytest.raises(tformer.errors.ConfigError, match="exists.*--force"):
+        export_hf_marian(tmp_path / "run", back)
+
+
+@pytest.fixture(scope="module")
+def native_runs(tmp_path_factory):
+    """tformer-trained translation models (a few updates on Multi30k): one joint vocabulary with one shared
+    table, and separate vocabularies and tables."""
+    from conftest import SHARED_DATA, small_multi30k
+    from tformer.config import Config, DataConfig, ModelConfig, TrainConfig
+    from tformer.training.loop import train
+
+    root = tmp_path_factory.mktemp("native")
+    corpus = small_multi30k(SHARED_DATA, root / "m30k", n_train=600, n_eval=20)
+    runs = {}
+    for name, joint in (("joint", True), ("separate", False)):
+        cfg = Config(model=ModelConfig(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2,
+                                       share_embeddings=joint, activation="gelu"),
+                     data=DataConfig(task="translation", dir=str(corpus), train_prefix="train", valid_prefix="val",
+                                     test_prefix="test2016", vocab_size=200, joint_vocab=joint),
+                     train=TrainConfig(max_tokens=512, max_steps=30, epochs=1, warmup=10, eval_every=30))
+        train(cfg, root / name)
+        runs[name] = root / name
+    return runs
+
+
+@pytest.mark.parametrize("name", ["joint", "separate"])
+def test_a_tformer_model_exported_to_hugging_face_decodes_the_same_and_comes_back_identical(native_runs, name,
+                                                                                         tmp_path):
+    from tformer.export import export_hf_marian
+
+    run = native_runs[name]
+    out = export_hf_marian(run, tmp_path / "hf")
+    assert (out / "target_vocab.json").exists() == (name == "separate")
+    t = tformer.load(run, device="cpu")
+    hf, tok = hf_pair(out)
+    sources = ["A man rides a bike.", "Two women are talking in a kitchen.", "A child."]
+    for s in sources:  # MarianTokenizer reads the exported files to tformer's ids
+        assert tok(s)["input_ids"] == t.encode(s) + [2]
+    got = translate_ids(t.model, [t.encode(s) for s in sources],
+                        DecodeConfig(strategy="greedy", max_len_a=0.0, max_len_b=20))
+    with torch.no_grad():
+        gen = hf.generate(**tok(sources, return_tensors="pt", padding=True), num_beams=1, max_new_tokens=21)
+    for ours, row in zip(got.tokens, gen.tolist()):
+        row = row[1:]
+        assert ours[0] == [x for x in (row[: row.index(2)] if 2 in row else row) if x != 0][:20]
+    assert [t.decode(o[0]) for o in got.tokens] == [tok.decode(o[0], skip_special_tokens=True) for o in got.tokens]
+    back = tformer.load(out, device="cpu")  # and read back: the same network, the same tokenizers' ids
+    assert t.model.state_dict().keys() == back.model.state_dict().keys()
+    for (k, a), b in zip(t.model.state_dict().items(), back.model.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert back.config.model.sinusoid == "interleaved"  # tformer's own table travelled in the file
+    assert back.config.decode.len_penalty_rule == "power"  # Hugging Face's only rule: the folder's default now
+    same = dict(beam=3, len_penalty=0.6, len_penalty_rule="gnmt")
+    assert [x.text for x in back.translate(sources, **same)] == [x.text for x in t.translate(sources, **same)]

@@ -6,15 +6,18 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    sp = sub.add_parser("export", help="export a checkpoint to CTranslate2 or ONNX",
+    sp = sub.add_parser("export", help="export a checkpoint to CTranslate2, Hugging Face Marian or ONNX",
                         description="ctranslate2: a CTranslate2 model folder, through CTranslate2's own converter "
                         "API (pip install ctranslate2); the vocabularies are the checkpoint's, </s> is added to "
-                        "every source. onnx: encoder.onnx (the encoder and the first decoding step) and "
+                        "every source. hf-marian: a Hugging Face MarianMT folder (config.json, model.safetensors, "
+                        "source.spm, target.spm, vocab.json) for transformers' MarianMTModel and MarianTokenizer "
+                        "(pip install transformers; post-norm models); an imported OPUS-MT model gets its own ids "
+                        "and tensors back. onnx: encoder.onnx (the encoder and the first decoding step) and "
                         "step.onnx (one decoding step with its key/value cache), dynamic batch and lengths "
                         "(pip install onnx onnxscript). Vanilla models with sinusoidal or learned positions, "
-                        "pre- or post-norm, ReLU or GELU. Example: tformer export --format ctranslate2 "
+                        "pre- or post-norm, ReLU, GELU or SiLU. Example: tformer export --format ctranslate2 "
                         "runs/m30k runs/m30k-ct2 --quantization int8")
-    sp.add_argument("--format", required=True, choices=("ctranslate2", "onnx"), help="target format")
+    sp.add_argument("--format", required=True, choices=("ctranslate2", "hf-marian", "onnx"), help="target format")
     sp.add_argument("checkpoint", metavar="RUN_DIR", help="run folder (its best checkpoint) or checkpoint folder")
     sp.add_argument("out", metavar="OUT", help="folder to write")
     sp.add_argument("--quantization", choices=("int8", "int8_float32", "int16", "float16", "bfloat16"),
@@ -25,11 +28,16 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.errors import ConfigError
-    from tformer.export import export_ctranslate2, export_onnx
+    from tformer.export import export_ctranslate2, export_hf_marian, export_onnx
 
+    if args.quantization and args.format != "ctranslate2":
+        raise ConfigError("--quantization is for --format ctranslate2")
+    if args.format == "hf-marian":
+        out = export_hf_marian(args.checkpoint, args.out, force=args.force)
+        print(f"wrote the Hugging Face Marian folder {out} (from {args.checkpoint}); load it with "
+              "transformers.MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained")
+        return 0
     if args.format == "onnx":
-        if args.quantization:
-            raise ConfigError("--quantization is for --format ctranslate2")
         enc, step = export_onnx(args.checkpoint, args.out)
         print(f"wrote {enc} (encoder + first step) and {step} (one decoding step) from {args.checkpoint}")
         print("see tformer.export.onnx_greedy for the decoding loop over them (onnxruntime)")

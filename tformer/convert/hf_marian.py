@@ -214,6 +214,25 @@ def tables(cfg: ModelConfig, hf: dict[str, Tensor]) -> ModelConfig:
     return dataclasses.replace(cfg, share_embeddings=cfg.share_embeddings and one)
 
 
+def position_tables(cfg: ModelConfig, hf: dict[str, Tensor], where: Path) -> ModelConfig:
+    """The positions the file's tables mean. Hugging Face computes its own sinusoids and leaves them out of the
+    file; a table in the file is read: one of the sinusoid layouts (tformer's own, Marian's), or otherwise a
+    learned table (tformer trains it; MarianMTModel keeps it fixed)."""
+    tables = [hf.get(f"model.{side}.embed_positions.weight") for side in ("encoder", "decoder")]
+    if all(t is None for t in tables):
+        return cfg
+    if any(t is None for t in tables) or tables[0].shape != tables[1].shape or tables[0].shape[1] != cfg.d_model:
+        raise CheckpointError(f"{where}: the encoder's and decoder's position tables must both be there, "
+                              f"(max_position_embeddings, d_model) each; the file has "
+                              f"{[None if t is None else tuple(t.shape) for t in tables]}")
+    rows = tables[0].shape[0]
+    for layout in ("halves", "interleaved", "marian"):
+        want = sinusoidal_table(rows, cfg.d_model, layout)
+        if all(torch.allclose(t, want, atol=1e-5) for t in tables):
+            return dataclasses.replace(cfg, positions="sinusoidal", sinusoid=layout)
+    return dataclasses.replace(cfg, positions="learned", max_positions=rows)
+
+
 def to_tformer(hf: dict[str, Tensor], cfg: ModelConfig, src_rows: list[int], tgt_rows: list[int],
                where: Path) -> dict[str, Tensor]:
     """MarianMT's tensors (float32) under tformer's names, vocabulary rows permuted; each tied tensor once, as
@@ -256,13 +275,9 @@ def to_tformer(hf: dict[str, Tensor], cfg: ModelConfig, src_rows: list[int], tgt
     out["generator.bias"] = bias
     for side in ("encoder", "decoder"):
         name = f"model.{side}.embed_positions.weight"
-        if name in hf:  # never trained (frozen); a table other than Hugging Face's would be another model
-            used.add(name)
-            table = hf[name]
-            want = sinusoidal_table(table.shape[0], D, "halves")
-            if table.shape != want.shape or not torch.allclose(table, want, atol=1e-4):
-                raise CheckpointError(f"{where}: '{name}' is not Hugging Face's sinusoidal table; tformer cannot "
-                                      "map other position tables")
+        used.add(name)
+        if cfg.positions == "learned":  # a table of its own (position_tables)
+            out[f"{'src' if side == 'encoder' else 'tgt'}_embed.positions.table.weight"] = take(name)
         for i in range(getattr(cfg, f"{side}_layers")):
             for ours, theirs in _layers(side, i):
                 for p in ("weight", "bias"):
@@ -337,7 +352,7 @@ def read_hf_marian(folder: str | Path, overrides: list[str] = ()) -> ImportedChe
     if not separate and tokenizers[0].fingerprint() == tokenizers[1].fingerprint():
         tokenizers[1] = tokenizers[0]
     weights = read_weights(folder)
-    model = tables(model, weights)
+    model = position_tables(tables(model, weights), weights, folder)
     tensors = to_tformer(weights, model, src_rows, tgt_rows, folder)
     cfg = Config(model=model, data=DataConfig(task="translation", dir=str(folder.resolve()),
                                               src_lang=str(tok_cfg.get("source_lang") or "src"),
