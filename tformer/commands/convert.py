@@ -6,15 +6,17 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    sp = sub.add_parser("import", help="convert a Hugging Face Marian (OPUS-MT) folder into a tformer run folder",
+    sp = sub.add_parser("import", help="convert a Hugging Face Marian or a Marian (OPUS-MT) model into a tformer run folder",
                         description="hf-marian: a local folder with config.json, model.safetensors (or "
                         "pytorch_model.bin, read without unpickling code), source.spm, target.spm and vocab.json, "
                         "as `transformers` saves a MarianMTModel. The run folder it writes translates, scores, "
                         "serves and fine-tunes like one tformer trained; every --checkpoint flag also reads the "
                         "Hugging Face folder directly (converted in memory each time). Nothing is downloaded: "
                         "fetch a hub model first (huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir "
-                        "opus-mt-en-de). Example: tformer import hf-marian opus-mt-en-de runs/opus-en-de")
-    sp.add_argument("format", choices=("hf-marian",), help="the folder's kind")
+                        "opus-mt-en-de). marian: a Marian model folder as OPUS-MT publishes it (decoder.yml, the .npz, "
+                        "*.vocab.yml, source.spm, target.spm), with Marian's own position table. Example: tformer "
+                        "import hf-marian opus-mt-en-de runs/opus-en-de")
+    sp.add_argument("format", choices=("hf-marian", "marian"), help="the folder's kind")
     sp.add_argument("src", metavar="SRC", help="the folder to read")
     sp.add_argument("out", metavar="OUT", help="the run folder to write (must not exist)")
     sp.add_argument("--force", action="store_true", help="replace OUT if it exists")

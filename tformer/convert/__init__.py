@@ -1,8 +1,10 @@
-"""Models trained elsewhere, in and out: a Hugging Face MarianMT folder (tformer.convert.hf_marian) read as a
-tformer checkpoint, and a tformer checkpoint written as one.
+"""Models trained elsewhere, read as tformer checkpoints: a Hugging Face MarianMT folder
+(tformer.convert.hf_marian) or a Marian model folder, OPUS-MT's native release (tformer.convert.marian).
+tformer.export.export_hf_marian writes the first kind back.
 
-    tformer.load("opus-mt-en-de")                     a local Hugging Face folder, converted in memory
+    tformer.load("opus-mt-en-de")                     a local folder of either kind, converted in memory
     tformer import hf-marian opus-mt-en-de runs/ende  converted once into a tformer run folder
+    tformer import marian opus-2020-02-26 runs/ende
 
 The vocabulary is mapped at this boundary and nowhere else: the imported table's entries are renumbered into
 tformer's layout (<pad> <s> </s> <unk> first) and the weight rows permuted with them; the original number of
@@ -11,13 +13,12 @@ every entry travels with the tokenizer (`PieceTableTokenizer.original`) so that 
 
 from __future__ import annotations
 
-
 import shutil
 from pathlib import Path
 
 from tformer.errors import CheckpointError
 
-FORMATS = ("hf-marian",)
+FORMATS = ("hf-marian", "marian")
 
 
 def hub_name(src: Path) -> bool:
@@ -30,6 +31,7 @@ def read(fmt: str, src: str | Path, overrides: list[str] = ()):
     """The checkpoint a foreign model folder holds (converted in memory), as tformer.training.checkpoint reads
     its own."""
     from tformer.convert.hf_marian import read_hf_marian
+    from tformer.convert.marian import read_marian
 
     if fmt not in FORMATS:
         raise CheckpointError(f"unknown import format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -39,17 +41,20 @@ def read(fmt: str, src: str | Path, overrides: list[str] = ()):
                 f"e.g. `huggingface-cli download {src} --local-dir {src.name}`, and pass that folder"
                 if hub_name(src) else "")
         raise CheckpointError(f"{src} does not exist{hint}")
-    return read_hf_marian(src, list(overrides))
+    return (read_hf_marian if fmt == "hf-marian" else read_marian)(src, list(overrides))
 
 
 def open_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()):
-    """What every --checkpoint reads: a tformer run or checkpoint folder (its `which` checkpoint), or a Hugging
-    Face MarianMT folder, converted in memory."""
+    """What every --checkpoint reads: a tformer run or checkpoint folder (its `which` checkpoint), a Hugging
+    Face MarianMT folder or a Marian model folder, converted in memory."""
     from tformer.convert.hf_marian import is_hf_folder
+    from tformer.convert.marian import is_marian_folder
     from tformer.training.checkpoint import load_checkpoint
 
     if is_hf_folder(path) or hub_name(Path(path)):
         return read("hf-marian", path, list(overrides))
+    if is_marian_folder(path) and not (Path(path) / "checkpoints").is_dir():
+        return read("marian", path, list(overrides))
     return load_checkpoint(path, which, list(overrides))
 
 
