@@ -245,6 +245,8 @@ class TrainConfig:
     attention_examples: int = 0  # record the attention of this many validation examples at every evaluation
     # (RUN_DIR/attention/, animated by `tformer animate`)
     tensorboard: bool = False  # also log the metrics to RUN_DIR/tensorboard (needs the tensorboard package)
+    init_from: str = ""  # fine-tune: start from this model (a run or checkpoint folder, or a Hugging Face / Marian
+    # folder), with its architecture and tokenizers; the optimizer and the step start afresh (tformer.training.start)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "epochs", "accum_steps", "log_every", "keep_last", "valid_beam",
@@ -341,6 +343,10 @@ class Config:
         """Every setting as YAML: what `--print-config` shows and what a run folder's config.yaml holds."""
         return yaml.safe_dump(to_dict(self), sort_keys=False)
 
+
+# What a fine-tuning run (train.init_from) may set in its model section: regularisation and the kernel. The rest
+# is the initial model's architecture, which its weights and tokenizers fix (tformer.training.start).
+FINE_TUNABLE = ("dropout", "attention_dropout", "ffn_dropout", "attention")
 
 # Settings that may change after training: `translate` and `evaluate` accept overrides for these alone. Where
 # the corpus lives may change too (a moved folder); a prepared corpus is checked against the checkpoint's tokenizer.

@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
     sp.add_argument("--config", help="YAML recipe (a path, or the name of a packaged recipe such as 'copy')")
     sp.add_argument("--run-dir", help="run folder (default: a new folder under runs/)")
     sp.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its latest checkpoint")
+    sp.add_argument("--init-from", metavar="MODEL", help="fine-tune: start from this model (a tformer run or "
+                    "checkpoint folder, or a Hugging Face Marian / Marian folder) with its architecture and "
+                    "tokenizers; the recipe sets the data and the optimisation (train.init_from)")
     common.overrides(sp, "overrides of the recipe, e.g. train.max_steps=500 model.norm=pre")
     common.progress(sp)
     sp.set_defaults(func=run)
@@ -27,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--resume needs --run-dir: the run folder to continue")
     if not args.config and not args.resume:
         raise ConfigError("train needs --config FILE (a recipe name such as 'copy', or a YAML file)")
+    if args.init_from:
+        args.overrides.append(f"train.init_from={args.init_from}")
     if args.print_config:
         common.print_config(train_config(args.config, args.run_dir, resume=args.resume, overrides=args.overrides))
         return 0

@@ -122,7 +122,8 @@ def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tok
     if joint and not cfg.joint_vocab:
         raise ConfigError("config key 'model.share_embeddings' needs one joint vocabulary: set data.joint_vocab=true")
     corpus = prepared_corpus(cfg, splits, tokenizers, progress)
-    if joint and corpus.tokenizers[0] is not corpus.tokenizers[1]:
+    if joint and corpus.tokenizers[0].vocab != corpus.tokenizers[1].vocab:  # one id space (Marian: two SentencePiece
+        # models, one table)
         raise ConfigError(f"config key 'model.share_embeddings' needs one joint vocabulary, but data.prepared="
                           f"{cfg.prepared} has one per side; prepare it with data.joint_vocab=true")
     examples = {s: corpus.examples(s) if s == "train" else list(corpus.examples(s)) for s in splits}

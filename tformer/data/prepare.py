@@ -41,10 +41,10 @@ from tformer.config import DataConfig
 from tformer.data.corpus import (NORMALIZATION, Corpus, FilterReport, _nul_byte, _open, filter_pairs, iter_lines,
                                   normalize)
 from tformer.data.prepared import (FORMAT, MANIFEST, VERSION, PreparedCorpus, load_tokenizers, read_manifest,
-                                   read_receipt, sha256_file, token_dtype, tokenizer_files, write_file,
+                                   read_receipt, save_tokenizers, sha256_file, token_dtype,
                                    write_manifest, write_shard)
 from tformer.data.synthetic import SPLITS
-from tformer.data.tokenizer import SubwordTokenizer
+from tformer.data.tokenizer import Tokenizer
 from tformer.data.translation import cache_dir, corpus_files, read_split, train_tokenizers
 from tformer.errors import DataError
 
@@ -128,7 +128,7 @@ def open_source(cfg: DataConfig, split: str) -> Source:
 # ------------------------------------------------------------------------------------------ identity
 
 
-def identity(cfg: DataConfig, tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None = None) -> dict[str, Any]:
+def identity(cfg: DataConfig, tokenizers: tuple[Tokenizer, Tokenizer] | None = None) -> dict[str, Any]:
     """Everything that decides a prepared corpus's content, as JSON. With `tokenizers` (a checkpoint's), they
     replace the tokenizer settings and the training files."""
     out: dict[str, Any] = {
@@ -172,7 +172,7 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def prepare(cfg: DataConfig, out: str | Path, splits: Iterable[str] = SPLITS,
-            tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None = None, progress: bool = False,
+            tokenizers: tuple[Tokenizer, Tokenizer] | None = None, progress: bool = False,
             workers: int | None = None) -> PreparedCorpus:
     """Prepare `splits` of `cfg`'s corpus into `out` (see the module docstring), continuing an interrupted
     prepare of the same corpus there; returns it opened. `tokenizers` (a checkpoint's) skip training."""
@@ -221,7 +221,7 @@ def prepare(cfg: DataConfig, out: str | Path, splits: Iterable[str] = SPLITS,
 
 
 def _tokenizers(cfg: DataConfig, out: Path, manifest: dict[str, Any],
-                given: tuple[SubwordTokenizer, SubwordTokenizer] | None) -> tuple[SubwordTokenizer, SubwordTokenizer]:
+                given: tuple[Tokenizer, Tokenizer] | None) -> tuple[Tokenizer, Tokenizer]:
     """The folder's tokenizers: already there, the given ones, or trained now on a sample of the training pairs."""
     if manifest["tokenizer"]:
         return load_tokenizers(out, manifest)
@@ -235,13 +235,8 @@ def _tokenizers(cfg: DataConfig, out: Path, manifest: dict[str, Any],
         toks = train_tokenizers(cfg, Corpus(src, tgt, source.origin))
         info["seconds"] = round(time.perf_counter() - tic, 2)
         log.info("SentencePiece trained in %.0f s", info["seconds"])
-    joint = toks[0] is toks[1] or toks[0].fingerprint() == toks[1].fingerprint()
-    names = tokenizer_files(joint)
-    for tok, name in zip(toks, names):
-        write_file(out / name, tok.model_bytes)
     manifest["dtype"] = token_dtype(max(len(t.vocab) for t in toks)).name
-    manifest["tokenizer"] = {"files": list(names), "fingerprints": [t.fingerprint() for t in toks],
-                             "pieces": [len(t.vocab) for t in toks], "sample": info}
+    manifest["tokenizer"] = {**save_tokenizers(out, toks), "sample": info}
     write_manifest(out, manifest)
     return toks
 
@@ -275,9 +270,8 @@ def _sample(source: Source, size: int, seed: int) -> tuple[list[str], list[str],
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(src_model: bytes, tgt_model: bytes, dtype: str) -> None:
-    src = SubwordTokenizer(src_model)
-    _WORKER.update(src=src, tgt=src if tgt_model == src_model else SubwordTokenizer(tgt_model), dtype=np.dtype(dtype))
+def _init_worker(src: Tokenizer, tgt: Tokenizer, dtype: str) -> None:
+    _WORKER.update(src=src, tgt=tgt, dtype=np.dtype(dtype))
 
 
 def _encode_shard(folder: Path, k: int, first: int, pairs: list[tuple[str, str]], limits: tuple[int, float] | None
@@ -305,7 +299,7 @@ def _encode_shard(folder: Path, k: int, first: int, pairs: list[tuple[str, str]]
                         "n_empty": len(empty)})
 
 
-def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[SubwordTokenizer, SubwordTokenizer],
+def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokenizer, Tokenizer],
                   dtype: np.dtype, progress: bool, workers: int | None) -> dict[str, Any]:
     split, size = source.split, cfg.shard_size
     folder = out / split
@@ -371,9 +365,9 @@ def _collect(pending: dict[cf.Future, int], receipts: dict[int, dict[str, Any]],
 
 
 @contextlib.contextmanager
-def _pool(workers: int, toks: tuple[SubwordTokenizer, SubwordTokenizer], dtype: np.dtype):
+def _pool(workers: int, toks: tuple[Tokenizer, Tokenizer], dtype: np.dtype):
     """`submit(fn, *args)` running in `workers` processes (forked: they start at once), or here for one."""
-    initargs = (toks[0].model_bytes, toks[1].model_bytes, dtype.name)
+    initargs = (toks[0], toks[1], dtype.name)  # forked processes inherit them; spawned ones unpickle them
     if workers == 1:
         _init_worker(*initargs)
 
@@ -401,7 +395,7 @@ def _pool(workers: int, toks: tuple[SubwordTokenizer, SubwordTokenizer], dtype: 
 
 
 def prepared_corpus(cfg: DataConfig, splits: Iterable[str],
-                    tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None = None,
+                    tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
                     progress: bool = False) -> PreparedCorpus:
     """The prepared corpus for `splits`: `data.prepared` when set (checked against `tokenizers`), else the
     cache's, prepared now where anything is missing. A checkpoint's `tokenizers` reuse the corpus its run was
@@ -430,7 +424,7 @@ def prepared_corpus(cfg: DataConfig, splits: Iterable[str],
 
 
 def _prepare_cached(cfg: DataConfig, folder: Path, splits: list[str],
-                    tokenizers: tuple[SubwordTokenizer, SubwordTokenizer] | None, progress: bool) -> PreparedCorpus:
+                    tokenizers: tuple[Tokenizer, Tokenizer] | None, progress: bool) -> PreparedCorpus:
     try:
         manifest = read_manifest(folder)
         if manifest and all((manifest["splits"].get(s) or {}).get("complete") for s in splits):

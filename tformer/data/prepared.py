@@ -32,7 +32,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from tformer.data.tokenizer import SubwordTokenizer
+from tformer.data.tokenizer import PieceTableTokenizer, SubwordTokenizer, Tokenizer
+from tformer.data.vocab import Vocab
 from tformer.errors import DataError
 from tformer.files import replace_atomically
 
@@ -301,14 +302,42 @@ def tokenizer_files(joint: bool) -> tuple[str, str]:
     return ("spm.model", "spm.model") if joint else ("spm.src.model", "spm.tgt.model")
 
 
-def load_tokenizers(path: Path, manifest: dict[str, Any]) -> tuple[SubwordTokenizer, SubwordTokenizer]:
+def save_tokenizers(folder: Path, toks: tuple[Tokenizer, Tokenizer]) -> dict[str, Any]:
+    """Write the corpus's tokenizers into `folder` (durably); returns the manifest's record of them without the
+    sample. SentencePiece models trained here: spm.model (joint) or spm.{src,tgt}.model; a piece table (an
+    imported model's tokenizers, kind 'pieces'): spm.{side}.model, table.{side}.json and vocab.{side}.txt."""
+    joint = toks[0] is toks[1] or toks[0].fingerprint() == toks[1].fingerprint()
+    kind = toks[0].kind
+    if kind == "pieces":
+        names: tuple[str, str] = ("spm.src.model", "spm.src.model" if joint else "spm.tgt.model")
+        for tok, side in zip(toks[: 1 if joint else 2], ("src", "tgt")):
+            for name in tok.save(folder, side, vocab=True):
+                with open(folder / name, "rb") as f:
+                    os.fsync(f.fileno())
+    else:
+        names = tokenizer_files(joint)
+        for tok, name in zip(toks, names):
+            write_file(folder / name, tok.model_bytes)
+    return {"kind": kind, "files": list(names), "fingerprints": [t.fingerprint() for t in toks],
+            "pieces": [len(t.vocab) for t in toks]}
+
+
+def load_tokenizers(path: Path, manifest: dict[str, Any]) -> tuple[Tokenizer, Tokenizer]:
     info = manifest.get("tokenizer") or {}
     names = info.get("files")
     if not names:
         raise DataError(f"{path / MANIFEST} names no tokenizer: the prepare stopped before training it; run "
                         "`tformer prepare` with the same settings again")
-    src = SubwordTokenizer.load(path / names[0])
-    tgt = src if names[1] == names[0] else SubwordTokenizer.load(path / names[1])
+    pieces = info.get("kind", "subword") == "pieces"
+
+    def load(name: str) -> Tokenizer:
+        if pieces:  # spm.{side}.model beside table.{side}.json and vocab.{side}.txt
+            side = name.split(".")[1]
+            return PieceTableTokenizer.load(path, side, Vocab.load(path / f"vocab.{side}.txt"))
+        return SubwordTokenizer.load(path / name)
+
+    src = load(names[0])
+    tgt = src if names[1] == names[0] else load(names[1])
     for tok, name, fp in zip((src, tgt), names, info["fingerprints"]):
         if tok.fingerprint() != fp:
             raise DataError(f"{path / name} is not the tokenizer the corpus was encoded with (its SHA-256 differs "

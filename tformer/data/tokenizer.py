@@ -45,6 +45,14 @@ class WordTokenizer:
 class SubwordTokenizer:
     """A SentencePiece model (BPE or unigram) whose ids are the model's ids."""
 
+    kind = "subword"
+
+    def __getstate__(self) -> dict:  # pickled as its model (encoding processes rebuild it)
+        return {"model_bytes": self.model_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_bytes"])
+
     def __init__(self, model_bytes: bytes, name: str = "<memory>") -> None:
         import sentencepiece as spm
 
@@ -131,6 +139,14 @@ class PieceTableTokenizer:
     cut into pieces; MarianTokenizer does the same. `original` is the id each entry had in the imported table
     (the rows the weights were permuted by, kept for export; `tformer.convert`)."""
 
+    kind = "pieces"
+
+    def __getstate__(self) -> dict:  # pickled as its files' contents (encoding processes rebuild it)
+        return {"model_bytes": self.model_bytes, "pieces": self.vocab.itos[4:], "original": self.original}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_bytes"], Vocab(state["pieces"]), state["original"])
+
     def __init__(self, model_bytes: bytes, vocab: Vocab, original: list[int], name: str = "<memory>") -> None:
         import sentencepiece as spm
 
@@ -162,11 +178,15 @@ class PieceTableTokenizer:
         h.update(json.dumps([self.vocab.itos, self.original]).encode("utf-8"))
         return h.hexdigest()
 
-    def save(self, folder: str | Path, side: str) -> None:
-        """spm.{side}.model and table.{side}.json (the original id of each entry) beside vocab.{side}.txt."""
+    def save(self, folder: str | Path, side: str, vocab: bool = False) -> list[str]:
+        """spm.{side}.model and table.{side}.json (the original id of each entry) beside vocab.{side}.txt (written
+        too with `vocab`); returns the names written."""
         folder = Path(folder)
         (folder / f"spm.{side}.model").write_bytes(self.model_bytes)
         (folder / f"table.{side}.json").write_text(json.dumps({"original_ids": self.original}), encoding="utf-8")
+        if vocab:
+            self.vocab.save(folder / f"vocab.{side}.txt")
+        return [f"spm.{side}.model", f"table.{side}.json"] + ([f"vocab.{side}.txt"] if vocab else [])
 
     @classmethod
     def load(cls, folder: str | Path, side: str, vocab: Vocab) -> "PieceTableTokenizer":

@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from tformer.config import SPEECH_TASKS, Config, TrainConfig, save_config
+from tformer.config import FINE_TUNABLE, SPEECH_TASKS, Config, TrainConfig, save_config
+from tformer.convert import open_checkpoint
 from tformer.data import Batch, Vocab, load_task
 from tformer.errors import ConfigError, TformerError, TrainingError
 from tformer.evaluation import evaluate
@@ -257,8 +258,9 @@ class Trainer:
         if t.tensorboard:
             _summary_writer_class()  # fail before any work when the package is missing
         ckpt, self.restarted = self._checkpoint_to_resume(resume)
+        init = open_checkpoint(t.init_from) if t.init_from and ckpt is None else None  # fine-tuning starts here
         torch.manual_seed(t.seed)
-        data = _load_data(cfg, run_dir, ckpt, ctx, progress)
+        data = _load_data(cfg, run_dir, ckpt or init, ctx, progress, save=ckpt is None)
         self.tokenizers = data.tokenizers
         self.train_examples, self.valid_examples = data.examples["train"], data.examples["valid"]
         self.valid_refs = data.texts["valid"][1] if cfg.data.task in ("translation", *SPEECH_TASKS) else None
@@ -279,6 +281,13 @@ class Trainer:
             self.amp.load(self.state.grad_scaler)
             log.info("resumed from %s (step %d, epoch %d, update %d of %d in it)", ckpt.path, self.state.step,
                      self.state.epoch, self.state.cursor, self.batches.per_epoch)
+        elif init is not None:
+            tuned = {k: getattr(cfg.model, k) for k in FINE_TUNABLE}
+            if dataclasses.replace(init.cfg.model, **tuned) != cfg.model:
+                raise ConfigError(f"train.init_from={t.init_from}: the model section differs from the initial "
+                                  "model's; build the configuration with tformer.api.train_config (--init-from)")
+            init.load_model_state(self.model)  # the weights inference would use (a moving average when kept)
+            log.info("fine-tuning from %s", t.init_from)
         self.ema = EMA.resume(self.model, t.ema, ckpt) if t.ema else None  # restored, or started now
         self.state.ema_updates = 0 if self.ema is None else self.ema.updates
         self.resumed = ckpt is not None
@@ -548,7 +557,7 @@ class Trainer:
         return metrics
 
 
-def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context, progress: bool = False):
+def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context, progress: bool = False, save: bool = True):
     """Rank 0 reads the data (training the tokenizers of a new run) and writes the tokenizers into the run
     folder, which it creates only now (a bad corpus leaves nothing behind); the other processes then read
     the data with those tokenizers. A problem on rank 0 stops every process with its message."""
@@ -562,7 +571,7 @@ def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context, progress: bool = 
                 n_params = sum(p.numel() for p in build_model(cfg.model, len(data.src_vocab),
                                                                len(data.tgt_vocab)).parameters())
             check_room(run_dir, n_params, cfg.train.keep_last)  # before anything is written
-            if ckpt is None:  # a resumed run has them already
+            if save:  # a new run (a resumed one has them already)
                 run_dir.mkdir(parents=True, exist_ok=True)
                 save_tokenizers(data.tokenizers, run_dir)
         except Exception as e:  # the others raise the same class: a user's mistake stays one, a bug stays a bug

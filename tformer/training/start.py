@@ -8,23 +8,29 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from tformer.config import Config
+from tformer.config import FINE_TUNABLE, Config
 from tformer.errors import ConfigError, NoCheckpointError
 from tformer.training.checkpoint import load_checkpoint
 
 
 def train_config(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *,
                  resume: bool = False, overrides: Sequence[str] = ()) -> Config:
-    """The configuration `train` runs with these arguments (what `--print-config` shows)."""
-    from tformer.config import from_dict, load_config, merge_overrides, to_dict
+    """The configuration `train` runs with these arguments (what `--print-config` shows). With train.init_from,
+    the model section is the initial model's (`initial_model`)."""
+    from tformer.config import ModelConfig, from_dict, load_config, merge_overrides, read_yaml, to_dict
+    from tformer.recipes import find_recipe
 
     overrides = list(overrides)
     if resume and run_dir is None:
         raise ConfigError("resuming needs the run folder to continue (run_dir, --run-dir)")
     if isinstance(config, Config):
-        return from_dict(merge_overrides(to_dict(config), overrides)) if overrides else config
+        cfg = from_dict(merge_overrides(to_dict(config), overrides)) if overrides else config
+        given = {k: v for k, v in to_dict(cfg.model).items() if v != to_dict(ModelConfig())[k]}
+        return initial_model(cfg, given) if cfg.train.init_from else cfg
     if config is not None:
-        return Config.from_yaml(config, overrides)
+        cfg = Config.from_yaml(config, overrides)
+        given = dict(merge_overrides(read_yaml(find_recipe(config)), overrides).get("model") or {})
+        return initial_model(cfg, given) if cfg.train.init_from else cfg
     if not resume:
         raise ConfigError("training needs a config: a tformer.Config, a YAML file or a recipe name such as "
                           "'copy' (--config)")
@@ -34,6 +40,25 @@ def train_config(config: Config | str | Path | None = None, run_dir: str | Path 
         if not (Path(run_dir) / "config.yaml").is_file():
             raise
         return load_config(Path(run_dir) / "config.yaml", overrides)
+
+
+def initial_model(cfg: Config, given: dict) -> Config:
+    """`cfg` with the model section of train.init_from's model. `given`: the model keys the recipe or the
+    overrides set; any but FINE_TUNABLE must equal the initial model's, else a ConfigError names the key."""
+    import dataclasses
+
+    from tformer.config import to_dict
+    from tformer.convert import open_checkpoint
+
+    init = open_checkpoint(cfg.train.init_from).cfg.model
+    have = to_dict(init)
+    for key, value in given.items():
+        if key not in FINE_TUNABLE and key in have and value != have[key]:
+            raise ConfigError(f"config key 'model.{key}': fine-tuning (train.init_from={cfg.train.init_from}) keeps "
+                              f"the initial model's architecture, whose {key} is {have[key]!r}, not {value!r}; leave "
+                              f"model.{key} out (a fine-tuning run may set model.{', model.'.join(FINE_TUNABLE)})")
+    tuned = {k: getattr(cfg.model, k) for k in FINE_TUNABLE if k in given}
+    return dataclasses.replace(cfg, model=dataclasses.replace(init, **tuned))
 
 
 def train(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
