@@ -6,6 +6,7 @@ export, Hugging Face MarianMT `generate` with our weights copied in. Multi30k te
 and detokenises inside the timing; the others are given token ids or pieces.
 
     python benchmarks/decoding_peers.py --checkpoint runs/multi30k_en_de [--random] [--rounds 3] [--record]
+    python benchmarks/decoding_peers.py --folder FOLDER | --opus-base [--batch-size 32 64] [--profile]
 
 --checkpoint: the trained model (pre-norm, so MarianMT, post-norm only, sits out); translations are also
 compared with tformer's, sentence by sentence, and scored with sacreBLEU.
@@ -14,7 +15,14 @@ vocabulary) that every peer can run; random weights decode to the length limit, 
 machinery on long outputs. Each (engine, setting) runs `--rounds` times over the same length-sorted batches,
 the engines taking turns batch by batch (the machine is shared and noisy), in an order that rotates from batch
 to batch (an engine that always ran right after another would find that one's weights, or its own, in cache);
-the table gives the median. Target tokens = generated tokens with </s>. The fp32
+the table gives the median. Target tokens = generated tokens with </s>.
+--folder: a Hugging Face MarianMT folder (an OPUS-MT model): tformer loads the folder itself (imported in
+memory), CTranslate2 converts it with its own converter (TransformersConverter, fp32 and int8) and Hugging Face
+runs MarianMTModel.from_pretrained on it. --opus-base builds such a folder first: OPUS-MT's base shape (d=512,
+6+6 layers, 8 heads, FFN 2048, swish, one shared table of 58,101 entries: SentencePiece models of 6,000 pieces
+per side trained on Multi30k, the rest of the table entries no text produces), random weights (random
+outputs run to the length limit, so every engine decodes the same number of tokens). --profile adds the share
+of tformer's decoding time spent outside the matrix products (torch.profiler, the id path, first batches). The fp32
 matrix-multiply ceiling is measured in the same run (torch.mm, 1024^3) and the decoder's FLOPs per target
 token (projections, FFN, generator and attention over the cache, counted per hypothesis) give each engine's
 decoder GFLOP/s and the fraction of the ceiling it reaches (the same count for every engine: the arithmetic
@@ -54,22 +62,56 @@ def decoder_flops_per_token(cfg, vocab: int, src_len: float, tgt_len: float) -> 
     return 2 * (L * per_layer + D * vocab)
 
 
+def opus_base_folder(out: Path) -> Path:
+    """A random OPUS-MT-base-shaped Hugging Face folder (see --opus-base), built with the tests' builder."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from hf_marian_models import make_folder
+
+    return make_folder(out, seed=0, d_model=512, layers=6, heads=8, ffn=2048, src_size=6000, tgt_size=6000,
+                       vocab_size=58101, n_sentences=29000, init_std=0.02, eos_bias=0.0, drop_piece=None)
+
+
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "quantized::linear_dynamic")
+
+
+def outside_matrix_products(fn) -> tuple[float, float]:
+    """(share of fn's wall time outside matrix-product kernels, of which in SDPA attention kernels), by
+    torch.profiler's self CPU times (the kernels run on the calling thread's clock)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tic = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    wall = time.perf_counter() - tic
+    stats = prof.key_averages()
+    mm = sum(e.self_cpu_time_total for e in stats if e.key in MATRIX_PRODUCTS) / 1e6
+    sdpa = sum(e.self_cpu_time_total for e in stats if "scaled_dot_product" in e.key) / 1e6
+    return 1 - mm / wall, sdpa / wall
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="runs/multi30k_en_de")
+    ap.add_argument("--folder", help="a Hugging Face MarianMT folder instead of a tformer checkpoint")
+    ap.add_argument("--opus-base", action="store_true", help="build a random OPUS-MT-base-shaped folder and use it")
+    ap.add_argument("--profile", action="store_true", help="also measure tformer's time outside matrix products")
     ap.add_argument("--random", action="store_true", help="a random post-norm Marian-size model instead")
     ap.add_argument("--sentences", type=int, default=1000)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, nargs="+", default=[64])
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-len", type=int, default=0, help="output limit in tokens (default 64 random, 128 trained)")
     ap.add_argument("--engines", nargs="+", default=["tformer", "tformer-top_k", "tformer-ids", "tformer-int8",
                                                          "ct2-fp32", "ct2-int8", "hf"])
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     threads = torch.get_num_threads()
+    work = Path(tempfile.mkdtemp(prefix="tformer-peers-"))
+    folder = opus_base_folder(work / "opus-base") if args.opus_base else Path(args.folder) if args.folder else None
+    source_ckpt = folder or Path(args.checkpoint)
 
-    translator = tformer.load(args.checkpoint, device="cpu")
-    int8 = tformer.load(args.checkpoint, device="cpu", quantize="int8")
+    translator = tformer.load(source_ckpt, device="cpu")
+    int8 = tformer.load(source_ckpt, device="cpu", quantize="int8")
     ckpt, model = translator.checkpoint, translator.model
     src_tok, tgt_tok = ckpt.tokenizers
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
@@ -77,19 +119,21 @@ def main() -> None:
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.de.gz", "rt", encoding="utf-8") as f:
         refs = [line.strip() for line in f][: args.sentences]
     ids = [translator.encode(s) for s in sources]
+    engines = args.engines
     if args.random:
         torch.manual_seed(0)
         cfg = dataclasses.replace(ckpt.cfg.model, d_model=256, n_heads=4, d_ff=1024, encoder_layers=3,
                                   decoder_layers=3, norm="post", dropout=0.0, attention_dropout=0.0, ffn_dropout=0.0)
         model = build_model(cfg, len(src_tok.vocab), len(tgt_tok.vocab)).eval()
-        engines = args.engines
         max_len = 64  # random weights run to the limit
+    elif folder is not None:
+        cfg = ckpt.cfg.model
+        max_len = 64 if args.opus_base else 128
     else:
         cfg = ckpt.cfg.model
         engines = [e for e in args.engines if e != "hf" or cfg.norm == "post"]
         max_len = 128
-    work = Path(tempfile.mkdtemp(prefix="tformer-peers-"))
-    source_ckpt = Path(args.checkpoint)
+    max_len = args.max_len or max_len
     if args.random:  # the random model as a checkpoint folder: the API and the export load it from there
         from tformer.training.checkpoint import save_checkpoint
 
@@ -102,120 +146,153 @@ def main() -> None:
     if any(e.startswith("ct2") for e in engines):
         import ctranslate2
 
-        ct2_dirs["ct2-fp32"] = export_ctranslate2(source_ckpt, work / "ct2-fp32")
-        ct2_dirs["ct2-int8"] = export_ctranslate2(source_ckpt, work / "ct2-int8", quantization="int8")
+        for name, quantization in (("ct2-fp32", None), ("ct2-int8", "int8")):
+            if folder is not None:  # CTranslate2's own converter, from the same folder
+                from ctranslate2.converters import TransformersConverter
+
+                ct2_dirs[name] = TransformersConverter(str(folder)).convert(str(work / name),
+                                                                            quantization=quantization)
+            else:
+                ct2_dirs[name] = export_ctranslate2(source_ckpt, work / name, quantization=quantization)
         translators = {k: ctranslate2.Translator(str(v), device="cpu", intra_threads=threads, inter_threads=1)
                        for k, v in ct2_dirs.items()}
-    hf = to_hf_marian(model) if "hf" in engines else None
+    if "hf" in engines and folder is not None:
+        from transformers import MarianMTModel
+
+        hf = MarianMTModel.from_pretrained(folder).eval()
+        src_out = src_tok.original  # tformer id -> the folder's id
+        tgt_in = {m: i for i, m in enumerate(tgt_tok.original)}
+        hf_eos, hf_pad = hf.config.eos_token_id, hf.config.pad_token_id
+        suppress = [hf_pad]
+    elif "hf" in engines:
+        hf = to_hf_marian(model)
+        src_out, tgt_in, hf_eos, hf_pad, suppress = None, None, 2, 0, [0, 1]
     pieces = [translator.pieces(x, "source") for x in ids]
     stoi = tgt_tok.vocab.stoi
+    skip = {"<pad>"}  # never a translation token
 
-    def run(engine: str, beam: int, chunk: list[int]) -> list[list[int]]:
+    def run(engine: str, beam: int, chunk: list[int], batch_size: int) -> list[list[int]]:
         if engine in ("tformer", "tformer-top_k", "tformer-int8"):  # the public API, text in and text out
             rule = dict(beam_finish="top_k") if engine == "tformer-top_k" else {}
             out = (int8 if engine == "tformer-int8" else translator).translate(
                 [sources[i] for i in chunk], beam=beam, len_penalty=0.0, max_len_a=0.0, max_len_b=max_len,
-                batch_size=args.batch_size, **rule)
+                batch_size=batch_size, **rule)
             return [[stoi.get(p, 3) for p in t.tokens] for t in out]
         if engine == "tformer-ids":  # the id path the API calls
             decode = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
-                                  max_len_a=0.0, max_len_b=max_len, batch_size=args.batch_size)
+                                  max_len_a=0.0, max_len_b=max_len, batch_size=batch_size)
             return [h[0] for h in translate_ids(translator.model, [ids[i] for i in chunk], decode).tokens]
         if engine.startswith("ct2"):
-            res = translators[engine].translate_batch([pieces[i] for i in chunk], max_batch_size=args.batch_size,
+            res = translators[engine].translate_batch([pieces[i] for i in chunk], max_batch_size=batch_size,
                                                       beam_size=beam, length_penalty=0.0,
                                                       max_decoding_length=max_len, min_decoding_length=0)
-            return [[stoi.get(t, 3) for t in r.hypotheses[0]] for r in res]
+            return [[stoi.get(t, 3) for t in r.hypotheses[0] if t not in skip] for r in res]
         # hf: batches in length order, as the others do
         order = sorted(range(len(chunk)), key=lambda j: -len(ids[chunk[j]]))
         result: dict[int, list[int]] = {}
-        for start in range(0, len(order), args.batch_size):
-            rows = order[start : start + args.batch_size]
-            inp = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids[chunk[j]] + [2]) for j in rows], batch_first=True)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            inp = torch.nn.utils.rnn.pad_sequence(
+                [torch.tensor([src_out[t] for t in ids[chunk[j]]] + [hf_eos] if src_out else ids[chunk[j]] + [2])
+                 for j in rows], batch_first=True, padding_value=hf_pad)
             extra = dict(length_penalty=0.0) if beam > 1 else {}
             with torch.inference_mode():
-                gen = hf.generate(input_ids=inp, attention_mask=inp != 0, num_beams=beam, max_new_tokens=max_len,
-                                  do_sample=False, suppress_tokens=[0, 1], **extra)
+                gen = hf.generate(input_ids=inp, attention_mask=inp != hf_pad, num_beams=beam, max_new_tokens=max_len,
+                                  do_sample=False, suppress_tokens=suppress, forced_eos_token_id=None, **extra)
             for i, row in zip(rows, gen.tolist()):
                 row = row[1:]
-                row = row[: row.index(2)] if 2 in row else row
-                result[i] = [t for t in row if t != 0]
+                row = [t for t in (row[: row.index(hf_eos)] if hf_eos in row else row) if t != hf_pad]
+                result[i] = [tgt_in[t] for t in row] if tgt_in else row
         return [result[j] for j in range(len(chunk))]
 
     def runs(engine: str, beam: int) -> bool:  # the fairseq-rule variant differs from tformer's only in beam search
         return engine != "tformer-top_k" or beam > 1
 
-    for engine in engines:  # warm-up: first calls pay for lazy initialisation
-        for beam in args.beams:
-            if runs(engine, beam):
-                run(engine, beam, list(range(args.batch_size)))
-    # every engine gets the same batches: the sentences sorted by length, cut into batch-size chunks, which
-    # the engines translate in turns, chunk by chunk (the shared machine's load changes by the second)
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    chunks = [order[i : i + args.batch_size] for i in range(0, len(order), args.batch_size)]
     ceiling = gemm_ceiling()
-    times: dict[tuple[str, int], list[float]] = {}
-    outputs: dict[tuple[str, int], list[list[int]]] = {}
-    for _ in range(args.rounds):
-        for beam in args.beams:
-            spent = {engine: 0.0 for engine in engines}
-            for engine in engines:
-                outputs[engine, beam] = [[] for _ in ids]
-            for c, chunk in enumerate(chunks):  # the order rotates: no engine always runs after another's
-                for engine in engines[c % len(engines):] + engines[: c % len(engines)]:  # weights left in cache
-                    if not runs(engine, beam):
-                        continue
-                    tic = time.perf_counter()
-                    out = run(engine, beam, chunk)
-                    spent[engine] += time.perf_counter() - tic
-                    for i, hyp in zip(chunk, out):
-                        outputs[engine, beam][i] = hyp
-            for engine in engines:
-                if runs(engine, beam):
-                    times.setdefault((engine, beam), []).append(spent[engine])
-    ceiling = max(ceiling, gemm_ceiling())
-
     vocab = len(tgt_tok.vocab)
     src_len = statistics.mean(len(x) + 1 for x in ids)
-    table = ["| decoding | engine | sentences/s | target tokens/s | vs tformer | vs ct2 of its precision | "
+    table = ["| decoding | batch | engine | sentences/s | target tokens/s | vs tformer | vs ct2 of its precision | "
              "decoder GFLOP/s (% of ceiling) | equal to tformer | BLEU |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
-    for beam in args.beams:
-        base = statistics.median(times["tformer", beam]) if ("tformer", beam) in times else None
-        for engine in engines:
-            if not runs(engine, beam):
-                continue
-            secs = statistics.median(times[engine, beam])
-            peer = "ct2-int8" if engine.endswith("int8") else "ct2-fp32"
-            peer_secs = statistics.median(times[peer, beam]) if (peer, beam) in times else float("nan")
-            out = outputs[engine, beam]
-            n_tok = sum(len(h) + 1 for h in out)
-            same = sum(a == b for a, b in zip(out, outputs.get(("tformer", beam), out)))
-            bleu = translation_scores([tgt_tok.decode(h) for h in out], refs, "de").bleu
-            flops = decoder_flops_per_token(cfg, vocab, src_len, n_tok / len(out)) * n_tok * beam / secs / 1e9
-            table.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {engine} | {len(out) / secs:.1f} | "
-                         f"{n_tok / secs:,.0f} | {base / secs if base else float('nan'):.2f}x | "
-                         f"{peer_secs / secs:.2f}x | {flops:.1f} ({100 * flops / ceiling:.0f}%) | {same}/{len(out)} | "
-                         f"{bleu:.2f} |")
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    for batch_size in args.batch_size:
+        for engine in engines:  # warm-up: first calls pay for lazy initialisation
+            for beam in args.beams:
+                if runs(engine, beam):
+                    run(engine, beam, order[:batch_size], batch_size)
+        # every engine gets the same batches: the sentences sorted by length, cut into batch-size chunks, which
+        # the engines translate in turns, chunk by chunk (the shared machine's load changes by the second)
+        chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        times: dict[tuple[str, int], list[float]] = {}
+        outputs: dict[tuple[str, int], list[list[int]]] = {}
+        for _ in range(args.rounds):
+            for beam in args.beams:
+                spent = {engine: 0.0 for engine in engines}
+                for engine in engines:
+                    outputs[engine, beam] = [[] for _ in ids]
+                for c, chunk in enumerate(chunks):  # the order rotates: no engine always runs after another's
+                    for engine in engines[c % len(engines):] + engines[: c % len(engines)]:  # weights left in cache
+                        if not runs(engine, beam):
+                            continue
+                        tic = time.perf_counter()
+                        out = run(engine, beam, chunk, batch_size)
+                        spent[engine] += time.perf_counter() - tic
+                        for i, hyp in zip(chunk, out):
+                            outputs[engine, beam][i] = hyp
+                for engine in engines:
+                    if runs(engine, beam):
+                        times.setdefault((engine, beam), []).append(spent[engine])
+        for beam in args.beams:
+            base = statistics.median(times["tformer", beam]) if ("tformer", beam) in times else None
+            for engine in engines:
+                if not runs(engine, beam):
+                    continue
+                secs = statistics.median(times[engine, beam])
+                peer = "ct2-int8" if engine.endswith("int8") else "ct2-fp32"
+                peer_secs = statistics.median(times[peer, beam]) if (peer, beam) in times else float("nan")
+                out = outputs[engine, beam]
+                n_tok = sum(len(h) + 1 for h in out)
+                same = sum(a == b for a, b in zip(out, outputs.get(("tformer", beam), out)))
+                bleu = translation_scores([tgt_tok.decode(h) for h in out], refs, "de").bleu
+                flops = decoder_flops_per_token(cfg, vocab, src_len, n_tok / len(out)) * n_tok * beam / secs / 1e9
+                table.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {batch_size} | {engine} | "
+                             f"{len(out) / secs:.1f} | {n_tok / secs:,.0f} | "
+                             f"{base / secs if base else float('nan'):.2f}x | {peer_secs / secs:.2f}x | "
+                             f"{flops:.1f} ({100 * flops / ceiling:.0f}%) | {same}/{len(out)} | {bleu:.2f} |")
+        if args.profile:
+            for beam in args.beams:
+                for name, t in (("fp32", translator), ("int8", int8)):
+                    cfg_p = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0,
+                                         max_len_a=0.0, max_len_b=max_len, batch_size=batch_size)
+                    outside, sdpa = outside_matrix_products(
+                        lambda: translate_ids(t.model, [ids[i] for i in order[: 4 * batch_size]], cfg_p))
+                    notes.append(f"tformer {name}, {'greedy' if beam == 1 else f'beam {beam}'}, batch {batch_size}: "
+                                 f"{100 * outside:.0f}% of the decoding time outside matrix products (of which "
+                                 f"{100 * sdpa:.0f}% in the attention kernel)")
+    ceiling = max(ceiling, gemm_ceiling())
     notes.append(f"decoder GFLOP/s: the arithmetic a generated token needs per hypothesis (beam: x beam size), "
                  f"against the fp32 matrix-multiply ceiling measured in this run, {ceiling:.0f} GFLOP/s")
     what = ("random post-norm Marian-size model (d=256, 3+3, 4 heads, FFN 1024)" if args.random else
+            "random OPUS-MT-base-shaped Hugging Face folder (d=512, 6+6, 8 heads, FFN 2048, swish), imported"
+            if args.opus_base else f"Hugging Face folder {folder}, imported" if folder else
             f"checkpoint {args.checkpoint} ({cfg.norm}-norm, d={cfg.d_model}, {cfg.encoder_layers}+"
             f"{cfg.decoder_layers} layers)")
     import ctranslate2
     import transformers
 
-    notes.append(f"{len(ids)} Multi30k test2016 sentences, {what}, vocabulary {vocab}, batch {args.batch_size}, "
-                 f"length penalty 0 everywhere, output limit {max_len} tokens, {threads} threads each, median of "
-                 f"{args.rounds} rounds with the engines taking turns; torch {torch.__version__}, CTranslate2 "
+    notes.append(f"{len(ids)} Multi30k test2016 sentences, {what}, vocabulary {vocab}, length penalty 0 "
+                 f"everywhere, output limit {max_len} tokens, {threads} threads each, median of {args.rounds} "
+                 f"rounds with the engines taking turns; torch {torch.__version__}, CTranslate2 "
                  f"{ctranslate2.__version__}, transformers {transformers.__version__}"
-                 + ("" if "hf" in engines else "; MarianMT is post-norm only, so it sits out for this model"))
+                 + ("" if "hf" in engines else "; MarianMT is post-norm only, so it sits out for this model")
+                 + ("; CTranslate2 converted the folder with its own TransformersConverter" if folder else ""))
     print("\n".join(table))
     print("\n".join(notes))
     if args.record:
-        append_results("Decoding beside CTranslate2 and Hugging Face" + (" (random model)" if args.random else ""),
-                       "\n".join(table), "\n\n".join(notes))
+        title = ("Decoding an imported OPUS-MT-base-shaped model beside CTranslate2 and Hugging Face" if args.opus_base
+                 else "Decoding beside CTranslate2 and Hugging Face" + (" (random model)" if args.random else ""))
+        append_results(title, "\n".join(table), "\n\n".join(notes))
 
 
 if __name__ == "__main__":

@@ -40,28 +40,33 @@ def pieces(model: bytes) -> list[str]:
 def make_folder(path: Path, *, seed: int = 0, d_model: int = 32, layers: int = 2, activation: str = "swish",
                 share: bool = True, tie: bool = True, scale_embedding: bool = True, src_size: int = 160,
                 tgt_size: int = 180, drop_piece: str | None = "▁a", init_std: float = 0.3,
-                eos_bias: float = 2.5) -> Path:
+                eos_bias: float = 2.5, heads: int = 4, ffn: int = 0, vocab_size: int = 0,
+                n_sentences: int = 2000) -> Path:
     """An OPUS-MT-like folder at `path`. `drop_piece` is left out of vocab.json (so encoding meets an unknown
     piece, as real OPUS-MT vocabularies sometimes do); `eos_bias` raises </s> so that outputs end at varied
-    lengths well inside the limits."""
+    lengths well inside the limits. `vocab_size`: fill vocab.json up to this many entries with pieces no text
+    produces (an OPUS-MT-sized output layer from small SentencePiece models); `ffn`: 0 = 2 x d_model."""
     from transformers import MarianConfig, MarianMTModel
 
     path.mkdir(parents=True, exist_ok=True)
-    src, tgt = _spm(sentences("en"), src_size), _spm(sentences("de"), tgt_size)
+    src, tgt = _spm(sentences("en", n_sentences), src_size), _spm(sentences("de", n_sentences), tgt_size)
     (path / "source.spm").write_bytes(src)
     (path / "target.spm").write_bytes(tgt)
     table = {"</s>": 0, "<unk>": 1}
     for p in list(TAGS) + pieces(src)[3:] + pieces(tgt)[3:]:
         if p != drop_piece:
             table.setdefault(p, len(table))
+    while len(table) < vocab_size - 1:
+        table[f"▁unused{len(table)}"] = len(table)
     table["<pad>"] = len(table)
     (path / "vocab.json").write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
     (path / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de",
                                                             "separate_vocabs": False}), encoding="utf-8")
     V = len(table)
     cfg = MarianConfig(vocab_size=V, decoder_vocab_size=V, d_model=d_model, encoder_layers=layers,
-                       decoder_layers=layers, encoder_attention_heads=4, decoder_attention_heads=4,
-                       encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model, activation_function=activation,
+                       decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
+                       encoder_ffn_dim=ffn or 2 * d_model, decoder_ffn_dim=ffn or 2 * d_model,
+                       activation_function=activation,
                        scale_embedding=scale_embedding, pad_token_id=V - 1, eos_token_id=0,
                        decoder_start_token_id=V - 1, forced_eos_token_id=0, max_position_embeddings=256,
                        share_encoder_decoder_embeddings=share, tie_word_embeddings=tie, init_std=init_std)
