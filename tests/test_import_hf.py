@@ -334,3 +334,30 @@ def test_a_tformer_model_exported_to_hugging_face_decodes_the_same_and_comes_bac
     assert back.config.decode.len_penalty_rule == "power"  # Hugging Face's only rule: the folder's default now
     same = dict(beam=3, len_penalty=0.6, len_penalty_rule="gnmt")
     assert [x.text for x in back.translate(sources, **same)] == [x.text for x in t.translate(sources, **same)]
+
+
+def test_an_imported_model_serves_and_ensembles(folders, tmp_path):
+    from test_serve import call, live
+
+    t = tformer.load(folders["opus-mt"], device="cpu")
+    want = [x.text for x in t.translate(SOURCES[:2])]
+    with live(t) as (_, url):
+        status, answer, _ = call(url, "/v1/translate", {"text": SOURCES[:2]})
+        assert status == 200 and [x["text"] for x in answer["translations"]] == want
+        status, answer, _ = call(url, "/translate", {"q": SOURCES[0], "source": "en", "target": "de"})
+        assert status == 200 and answer["translatedText"] == want[0]
+    other = make_folder(tmp_path / "other", seed=9)  # the same tokenizers, other weights
+    pair = tformer.load([folders["opus-mt"], other], device="cpu")
+    assert len(pair.translate(SOURCES[:2])) == 2
+
+
+def test_the_readme_section_runs(tmp_path, monkeypatch, capsys):
+    from test_readme import python_blocks
+
+    blocks = python_blocks("Pretrained models: import OPUS-MT, fine-tune, export")
+    assert len(blocks) == 1
+    make_folder(tmp_path / "opus-mt-en-de", seed=0)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[0], "README.md (Pretrained models)", "exec"), {"__name__": "readme"})
+    text, score = capsys.readouterr().out.splitlines()[-2:]
+    assert text and float(score) < 0

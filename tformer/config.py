@@ -348,6 +348,11 @@ class Config:
 # is the initial model's architecture, which its weights and tokenizers fix (tformer.training.start).
 FINE_TUNABLE = ("dropout", "attention_dropout", "ffn_dropout", "attention")
 
+
+def same_architecture(a: ModelConfig, b: ModelConfig) -> bool:
+    """Equal but for the FINE_TUNABLE keys: the weights of one fit, and mean the same in, the other."""
+    return dataclasses.replace(a, **{k: getattr(b, k) for k in FINE_TUNABLE}) == b
+
 # Settings that may change after training: `translate` and `evaluate` accept overrides for these alone. Where
 # the corpus lives may change too (a moved folder); a prepared corpus is checked against the checkpoint's tokenizer.
 INFERENCE_KEYS = ("decode.", "model.attention", "data.dir", "data.prepared")

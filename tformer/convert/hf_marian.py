@@ -42,8 +42,7 @@ NO_PROBABILITY = -1e4  # output bias of the duplicated <pad> entry (see the modu
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}  # transformers -> tformer
 UNSUPPORTED = {  # config.json flags of BART-family models that MarianMT does not have: true means another network
     "normalize_before": "pre-norm layers", "add_final_layer_norm": "a final LayerNorm",
-    "normalize_embedding": "a LayerNorm on the embeddings", "static_position_embeddings": False,
-    "add_bias_logits": "a second output bias",
+    "normalize_embedding": "a LayerNorm on the embeddings", "add_bias_logits": "a second output bias",
 }
 
 
@@ -292,6 +291,25 @@ def to_tformer(hf: dict[str, Tensor], cfg: ModelConfig, src_rows: list[int], tgt
     return out
 
 
+def piece_tokenizers(folder: Path, sides: list[tuple[Vocab, list[int]]], one_table: bool, what: str
+                     ) -> list[PieceTableTokenizer]:
+    """The tokenizers of FOLDER/source.spm and target.spm over each side's (vocabulary, original ids); one
+    object for both when the table is one and the two SentencePiece models are the same."""
+    tokenizers = []
+    for name, (vocab, rows) in zip(("source.spm", "target.spm"), sides):
+        file = folder / name
+        try:
+            tokenizers.append(PieceTableTokenizer(file.read_bytes(), vocab, rows, str(file)))
+        except FileNotFoundError:
+            raise CheckpointError(f"{file} does not exist: {what} needs source.spm and target.spm (the "
+                                  "SentencePiece models)") from None
+        except DataError as e:
+            raise CheckpointError(str(e)) from None
+    if one_table and tokenizers[0].fingerprint() == tokenizers[1].fingerprint():
+        tokenizers[1] = tokenizers[0]
+    return tokenizers
+
+
 @dataclass
 class ImportedCheckpoint(Checkpoint):
     """A checkpoint read from another toolkit's folder: its weights are converted in memory, never written."""
@@ -339,18 +357,8 @@ def read_hf_marian(folder: str | Path, overrides: list[str] = ()) -> ImportedChe
     tgt_ids = SpecialIds(ids.pad, ids.start, ids.eos, tgt_unk if isinstance(tgt_unk, int) else -1)
     tgt_vocab, tgt_rows = vocab_rows(tgt_table, hf.get("decoder_vocab_size") or V, tgt_ids, tgt_file,
                                      "decoder_vocab_size")
-    tokenizers = []
-    for name, vocab, rows in (("source.spm", src_vocab, src_rows), ("target.spm", tgt_vocab, tgt_rows)):
-        file = folder / name
-        try:
-            tokenizers.append(PieceTableTokenizer(file.read_bytes(), vocab, rows, str(file)))
-        except FileNotFoundError:
-            raise CheckpointError(f"{file} does not exist: a Hugging Face Marian folder needs source.spm and "
-                                  "target.spm (the SentencePiece models)") from None
-        except DataError as e:
-            raise CheckpointError(str(e)) from None
-    if not separate and tokenizers[0].fingerprint() == tokenizers[1].fingerprint():
-        tokenizers[1] = tokenizers[0]
+    tokenizers = piece_tokenizers(folder, [(src_vocab, src_rows), (tgt_vocab, tgt_rows)], not separate,
+                                  "a Hugging Face Marian folder")
     weights = read_weights(folder)
     model = position_tables(tables(model, weights), weights, folder)
     tensors = to_tformer(weights, model, src_rows, tgt_rows, folder)

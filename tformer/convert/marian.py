@@ -30,10 +30,9 @@ from torch import Tensor
 
 from tformer.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, from_dict, merge_overrides, \
     to_dict
-from tformer.convert.hf_marian import NO_PROBABILITY, ImportedCheckpoint
-from tformer.data.tokenizer import PieceTableTokenizer
+from tformer.convert.hf_marian import NO_PROBABILITY, ImportedCheckpoint, piece_tokenizers
 from tformer.data.vocab import SPECIALS, Vocab
-from tformer.errors import CheckpointError, DataError
+from tformer.errors import CheckpointError
 from tformer.training.checkpoint import FORMAT, FORMAT_VERSION
 
 ACTIVATIONS = {"swish": "silu", "relu": "relu"}
@@ -227,19 +226,8 @@ def read_marian(folder: str | Path, overrides: list[str] = ()) -> ImportedCheckp
         raise CheckpointError(f"{model_file}: 'dim-vocabs' is {dims}, but {vocab_files[0].name} has "
                               f"{len(src_pieces)} entries and {vocab_files[-1].name} {len(tgt_pieces)}: the "
                               "vocabulary does not match the weights")
-    tokenizers = []
-    for name, pieces in (("source.spm", src_pieces), ("target.spm", tgt_pieces)):
-        vocab, rows = vocab_rows(pieces)
-        file = folder / name
-        try:
-            tokenizers.append(PieceTableTokenizer(file.read_bytes(), vocab, rows, str(file)))
-        except FileNotFoundError:
-            raise CheckpointError(f"{file} does not exist: a Marian model folder needs source.spm and target.spm "
-                                  "(the SentencePiece models)") from None
-        except DataError as e:
-            raise CheckpointError(str(e)) from None
-    if len(vocab_files) == 1 and tokenizers[0].fingerprint() == tokenizers[1].fingerprint():
-        tokenizers[1] = tokenizers[0]
+    tokenizers = piece_tokenizers(folder, [vocab_rows(src_pieces), vocab_rows(tgt_pieces)], len(vocab_files) == 1,
+                                  "a Marian model folder")
     if model.share_embeddings and src_pieces != tgt_pieces:
         raise CheckpointError(f"{model_file}: the embeddings are tied across sides, but the two vocabularies differ")
     tensors = to_tformer(weights, model, len(src_pieces), len(tgt_pieces), model_file)

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import torch
 from tqdm.auto import tqdm
 
-from tformer.config import FINE_TUNABLE, SPEECH_TASKS, Config, TrainConfig, save_config
+from tformer.config import SPEECH_TASKS, Config, TrainConfig, same_architecture, save_config
 from tformer.convert import open_checkpoint
 from tformer.data import Batch, Vocab, load_task
 from tformer.errors import ConfigError, TformerError, TrainingError
@@ -282,10 +282,8 @@ class Trainer:
             log.info("resumed from %s (step %d, epoch %d, update %d of %d in it)", ckpt.path, self.state.step,
                      self.state.epoch, self.state.cursor, self.batches.per_epoch)
         elif init is not None:
-            tuned = {k: getattr(cfg.model, k) for k in FINE_TUNABLE}
-            if dataclasses.replace(init.cfg.model, **tuned) != cfg.model:
-                raise ConfigError(f"train.init_from={t.init_from}: the model section differs from the initial "
-                                  "model's; build the configuration with tformer.api.train_config (--init-from)")
+            if not same_architecture(init.cfg.model, cfg.model):
+                raise ConfigError(f"train.init_from={t.init_from}: not its model (build the config with train_config)")
             init.load_model_state(self.model)  # the weights inference would use (a moving average when kept)
             log.info("fine-tuning from %s", t.init_from)
         self.ema = EMA.resume(self.model, t.ema, ckpt) if t.ema else None  # restored, or started now
