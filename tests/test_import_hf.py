@@ -96,7 +96,7 @@ def teacher_forced(folder):
 def test_teacher_forced_logits_equal_hugging_face(folders, variant):
     mine, ref, logits, real = teacher_forced(folders[variant])
     assert not mine.isnan().any()
-    assert (mine - ref)[real].abs().max() <= 1e-5
+    assert ((mine - ref).abs() / ref.abs().clamp(min=1))[real].max() <= 1e-5  # conftest.REL's rule
     # tformer's extra <pad> entry takes no probability: the log-softmax over V + 1 equals MarianMT's over V
     assert (logits.log_softmax(-1)[..., 0][real].exp() == 0).all()
     assert (logits.log_softmax(-1)[..., 1:].exp().sum(-1)[real] - 1).abs().max() <= 1e-5
@@ -342,7 +342,7 @@ def test_an_imported_model_serves_and_ensembles(folders, tmp_path):
     t = tformer.load(folders["opus-mt"], device="cpu")
     want = [x.text for x in t.translate(SOURCES[:2])]
     with live(t) as (_, url):
-        status, answer, _ = call(url, "/v1/translate", {"text": SOURCES[:2]})
+        status, answer, _ = call(url, "/v1/translate", {"src": SOURCES[:2]})
         assert status == 200 and [x["text"] for x in answer["translations"]] == want
         status, answer, _ = call(url, "/translate", {"q": SOURCES[0], "source": "en", "target": "de"})
         assert status == 200 and answer["translatedText"] == want[0]

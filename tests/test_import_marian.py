@@ -73,8 +73,11 @@ def test_marian_folder_computes_what_marian_computes(folders):
         logits = t.model.generator(out.padded())
     real = dec_mask.bool()
     mine = logits[..., 2:]  # tformer ids 2.. are Marian's ids 0 .. V-1 in order
-    assert (mine - ref[..., :V])[real].abs().max() <= 1e-5
-    assert (logits.log_softmax(-1)[..., 2:] - ref.log_softmax(-1)[..., :V])[real].abs().max() <= 1e-5
+    # 3e-5, not conftest.REL: the oracle's table is computed in float32 as Marian's C++ computes it (angles
+    # rounded to float32), tformer's in float64: the inputs already differ by up to ~2e-6
+    ref_lp, mine_lp = ref.log_softmax(-1)[..., :V], logits.log_softmax(-1)[..., 2:]
+    assert ((mine - ref[..., :V]).abs() / ref[..., :V].abs().clamp(min=1))[real].max() <= 3e-5
+    assert ((mine_lp - ref_lp).abs() / ref_lp.abs().clamp(min=1))[real].max() <= 3e-5
     got = translate_ids(t.model, [t.encode(s) for s in SOURCES],
                         DecodeConfig(strategy="greedy", max_len_a=0.0, max_len_b=24))
     with torch.no_grad():
