@@ -90,5 +90,7 @@ def test_a_fine_tuning_recipe_may_not_change_the_architecture(setup):
     base = [f"data.dir={corpus}", f"train.init_from={opus}"]
     with pytest.raises(ConfigError, match=r"'model.d_model'.*initial model.*32.*not 64.*model.dropout"):
         train_config("finetune", overrides=base + ["model.d_model=64"])
+    with pytest.raises(ConfigError, match="'data.subword_sampling'.*own table"):
+        train_config("finetune", overrides=base + ["data.subword_sampling=0.1"])
     cfg = train_config("finetune", overrides=base + ["model.dropout=0.3"])
     assert cfg.model.dropout == 0.3 and cfg.model.d_model == 32 and cfg.model.sinusoid == "halves"

@@ -19,7 +19,7 @@ from hf_marian_models import TAGS, make_folder  # noqa: E402
 
 import tformer  # noqa: E402
 import tformer.cli  # noqa: E402
-from tformer.config import DecodeConfig  # noqa: E402
+from tformer.config import DecodeConfig, same_architecture  # noqa: E402
 from tformer.errors import CheckpointError  # noqa: E402
 from tformer.inference import translate_ids  # noqa: E402
 
@@ -209,6 +209,12 @@ def _drop_vocab_entry(folder):
     (folder / "vocab.json").write_text(json.dumps(table))
 
 
+def _spaced_piece(folder):
+    table = json.loads((folder / "vocab.json").read_text())
+    table["a b"] = table.pop(next(p for p, i in table.items() if i == 7))
+    (folder / "vocab.json").write_text(json.dumps(table))
+
+
 def _foreign_bin(folder):
     from safetensors.torch import load_file
 
@@ -227,6 +233,7 @@ BAD = {  # damage -> what the message must name
     "pre-norm": (lambda f: _edit_config(f, normalize_before=True), ["config.json", "normalize_before", "True"]),
     "heads": (lambda f: _edit_config(f, decoder_attention_heads=2), ["decoder_attention_heads", "2"]),
     "vocab misses an entry": (_drop_vocab_entry, ["vocab.json", "does not match the weights"]),
+    "a piece with a space": (_spaced_piece, ["vocab.json", "whitespace"]),
     "vocab_size": (lambda f: _edit_config(f, vocab_size=77, decoder_vocab_size=77),
                    ["vocab.json", "'vocab_size' is 77", "does not match the weights"]),
     "foreign pickle": (_foreign_bin, ["pytorch_model.bin", "other than tensors"]),
@@ -279,8 +286,12 @@ def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folders, tmp
                 "pad_token_id", "eos_token_id", "decoder_start_token_id", "share_encoder_decoder_embeddings",
                 "tie_word_embeddings", "max_position_embeddings"):
         assert got[key] == want[key], key
-    with pytest.raises(tformer.errors.ConfigError, match="exists.*--force"):
+    assert not (back / "target_vocab.json").exists()  # one table, two SentencePiece models: one vocab.json
+    with pytest.raises(CheckpointError, match="exists.*--force"):
         export_hf_marian(tmp_path / "run", back)
+    with pytest.raises(CheckpointError, match="is \\(or holds\\) the model being read"):
+        export_hf_marian(tmp_path / "run", tmp_path, force=True)  # --force never deletes what it reads
+    assert (tmp_path / "run").is_dir()
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +342,7 @@ def test_a_tformer_model_exported_to_hugging_face_decodes_the_same_and_comes_bac
     for (k, a), b in zip(t.model.state_dict().items(), back.model.state_dict().values()):
         assert torch.equal(a, b), k
     assert back.config.model.sinusoid == "interleaved"  # tformer's own table travelled in the file
+    assert same_architecture(back.config.model, t.config.model)  # tables shared or not, output tied or not
     assert back.config.decode.len_penalty_rule == "power"  # Hugging Face's only rule: the folder's default now
     same = dict(beam=3, len_penalty=0.6, len_penalty_rule="gnmt")
     assert [x.text for x in back.translate(sources, **same)] == [x.text for x in t.translate(sources, **same)]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +185,9 @@ def to_hf_marian(model, src_ids: list[int] | None = None, tgt_ids: list[int] | N
         raise ConfigError("MarianMT is post-norm only; this model is model.norm=pre")
     V_src, V_tgt = model.src_embed.tokens.num_embeddings, model.tgt_embed.tokens.num_embeddings
     src_ids, tgt_ids = src_ids or list(range(V_src)), tgt_ids or list(range(V_tgt))
+    if src_ids[0] != tgt_ids[0]:
+        raise ConfigError(f"MarianMT has one <pad> id for both sides; this model's are {src_ids[0]} (source) and "
+                          f"{tgt_ids[0]} (target)")
     src_rows, tgt_rows = _last_rows(src_ids), _last_rows(tgt_ids)
     shared = cfg.share_embeddings
     hf_cfg = MarianConfig(
@@ -196,7 +198,7 @@ def to_hf_marian(model, src_ids: list[int] | None = None, tgt_ids: list[int] | N
         scale_embedding=cfg.scale_embedding, dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
         activation_dropout=cfg.ffn_dropout, pad_token_id=tgt_ids[0], bos_token_id=None, eos_token_id=tgt_ids[2],
         decoder_start_token_id=tgt_ids[1], forced_eos_token_id=None, share_encoder_decoder_embeddings=shared,
-        tie_word_embeddings=cfg.tie_generator and shared)
+        tie_word_embeddings=cfg.tie_generator)
     hf = MarianMTModel(hf_cfg).eval()
     ours = {k: v.detach().float() for k, v in model.state_dict().items()}
     D = cfg.d_model
@@ -215,6 +217,8 @@ def to_hf_marian(model, src_ids: list[int] | None = None, tgt_ids: list[int] | N
 
         m.encoder.embed_tokens.weight.copy_(ours["src_embed.tokens.weight"][src_rows])
         m.decoder.embed_tokens.weight.copy_(ours["tgt_embed.tokens.weight"][tgt_rows])
+        if shared and m.shared.weight.data_ptr() != m.encoder.embed_tokens.weight.data_ptr():
+            m.shared.weight.copy_(ours["src_embed.tokens.weight"][src_rows])  # untied output: its own table
         for side, hf_side in (("encoder", m.encoder), ("decoder", m.decoder)):
             hf_side.embed_positions.weight.copy_(torch.from_numpy(_positions(cfg, model, side))[
                 : hf_side.embed_positions.weight.shape[0]])
@@ -252,9 +256,10 @@ def export_hf_marian(checkpoint: str | Path, out: str | Path, force: bool = Fals
     from tformer.api import load
     from tformer.data.tokenizer import PieceTableTokenizer, SubwordTokenizer
 
+    from tformer.convert import remove, replaceable
+
     out = Path(out)
-    if out.exists() and not force:
-        raise ConfigError(f"{out} exists; choose another folder or pass --force to replace it")
+    replaceable(out, Path(checkpoint), force)
     translator = load(checkpoint, which=which, device="cpu", attention="sdpa")
     src_tok, tgt_tok = translator.source_tokenizer, translator.target_tokenizer
     for tok in (src_tok, tgt_tok):
@@ -270,16 +275,16 @@ def export_hf_marian(checkpoint: str | Path, out: str | Path, force: bool = Fals
                                 bad_words_ids=[[i] for i in sorted({ids[1][0], ids[1][1]})])  # <pad>, <s>
     if decode.len_penalty_rule == "power":
         hf.generation_config.length_penalty = decode.len_penalty
-    if out.exists():
-        shutil.rmtree(out)
+    remove(out)
     hf.save_pretrained(out)
-    if cfg.model.side_positions("encoder") != "sinusoidal" or cfg.model.sinusoid != "halves":
+    if any(cfg.model.side_positions(side) != "sinusoidal" for side in ("encoder", "decoder")) \
+            or cfg.model.sinusoid != "halves":
         file = out / "model.safetensors"  # save_pretrained leaves the position tables out: Hugging Face's own
         tensors = load_file(str(file))
         for side in ("encoder", "decoder"):
             tensors[f"model.{side}.embed_positions.weight"] = getattr(hf.model, side).embed_positions.weight.detach()
         save_file(tensors, str(file), metadata={"format": "pt"})
-    separate = src_tok is not tgt_tok
+    separate = src_tok.vocab != tgt_tok.vocab or ids[0] != ids[1]  # one table (two SentencePiece models or one)
     for tok, name in ((src_tok, "source.spm"), (tgt_tok, "target.spm")):
         (out / name).write_bytes(tok.model_bytes)
     (out / "vocab.json").write_text(json.dumps(_vocab_json(src_tok, ids[0]), ensure_ascii=False, indent=1),

@@ -27,6 +27,25 @@ def hub_name(src: Path) -> bool:
     return not src.exists() and len(parts) == 2 and all(parts) and not str(src).startswith((".", "~"))
 
 
+def replaceable(out: Path, src: Path, force: bool) -> None:
+    """Check that `out` may be written: absent or an empty folder, or (with `force`) a folder or file that is
+    neither `src` nor holds it. Raises the error that says which; removes nothing."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
+        raise CheckpointError(f"{out} exists; choose another folder or pass --force to replace it")
+    if out.resolve() == src.resolve() or src.resolve().is_relative_to(out.resolve()):
+        raise CheckpointError(f"{out} is (or holds) the model being read, {src}; choose another folder")
+
+
+def remove(out: Path) -> None:
+    """What `replaceable` allowed to replace."""
+    if out.is_dir():
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
+
+
 def read(fmt: str, src: str | Path, overrides: list[str] = ()):
     """The checkpoint a foreign model folder holds (converted in memory), as tformer.training.checkpoint reads
     its own."""
@@ -37,10 +56,11 @@ def read(fmt: str, src: str | Path, overrides: list[str] = ()):
         raise CheckpointError(f"unknown import format {fmt!r}; choose one of {', '.join(FORMATS)}")
     src = Path(src)
     if not src.exists():
-        hint = (f"; {src} looks like a Hugging Face hub name, but tformer never downloads: fetch the folder first, "
-                f"e.g. `huggingface-cli download {src} --local-dir {src.name}`, and pass that folder"
+        hint = (f"; if {src} is a Hugging Face hub name: tformer never downloads, so fetch the folder first, e.g. "
+                f"`huggingface-cli download {src} --local-dir {src.name}`, and pass that folder"
                 if hub_name(src) else "")
-        raise CheckpointError(f"{src} does not exist{hint}")
+        raise CheckpointError(f"{src} does not exist: pass a tformer run or checkpoint folder, or a local model "
+                              f"folder{hint}")
     return (read_hf_marian if fmt == "hf-marian" else read_marian)(src, list(overrides))
 
 
@@ -66,13 +86,10 @@ def import_model(fmt: str, src: str | Path, out: str | Path, force: bool = False
     from tformer.training.checkpoint import save_checkpoint
 
     out = Path(out)
-    if out.exists() and any(out.iterdir()) if out.is_dir() else out.exists():
-        if not force:
-            raise CheckpointError(f"{out} exists; choose another folder or pass --force to replace it")
+    replaceable(out, Path(src), force)
     ckpt = read(fmt, src)
     model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
     ckpt.load_model_state(model)
-    if out.exists():
-        shutil.rmtree(out)
+    remove(out)
     return save_checkpoint(out, 0, model, None, {"imported_from": ckpt.trainer["imported_from"]}, ckpt.cfg,
                            ckpt.tokenizers, best=True)

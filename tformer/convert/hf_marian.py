@@ -102,7 +102,7 @@ def model_config(hf: dict[str, Any], file: Path) -> ModelConfig:
             positions="sinusoidal", sinusoid="halves", scale_embedding=bool(hf.get("scale_embedding", False)),
             max_positions=get("max_position_embeddings", 1024), share_embeddings=share,
             tie_generator=bool(hf.get("tie_word_embeddings", True)))
-    except (ConfigError, TypeError) as e:
+    except (ConfigError, TypeError, ValueError) as e:
         raise CheckpointError(f"{file}: {e}") from None
 
 
@@ -116,24 +116,37 @@ class SpecialIds:
     unk: int
 
 
+def check_pieces(pieces: list[str], file: Path) -> None:
+    """Every entry non-empty and without whitespace, as tformer's vocabulary files need them."""
+    for p in pieces:
+        if not p or any(c.isspace() for c in p):
+            raise CheckpointError(f"{file}: entry {p!r} is empty or holds whitespace; tformer's vocabularies cannot "
+                                  "hold it")
+
+
 def vocab_rows(table: Any, size: int, ids: SpecialIds, file: Path, size_key: str) -> tuple[Vocab, list[int]]:
     """vocab.json (piece -> original id) as tformer's Vocab and, per tformer id, the original id of its row."""
     if not isinstance(table, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in table.values()):
         raise CheckpointError(f"{file} must map each piece to a whole-number id")
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise CheckpointError(f"config.json: '{size_key}' must be a whole number, got {size!r}")
     if len(table) != size or set(table.values()) != set(range(size)):
         raise CheckpointError(f"{file} has {len(table)} entries numbered {min(table.values(), default=0)}.."
                               f"{max(table.values(), default=0)}, but config.json's '{size_key}' is {size}: the "
                               "vocabulary does not match the weights (files from different models?)")
     piece = {i: p for p, i in table.items()}
-    for name, i, want in (("pad_token_id", ids.pad, "<pad>"), ("eos_token_id", ids.eos, "</s>")):
-        if not 0 <= i < size or piece[i] != want:
-            raise CheckpointError(f"{file}: config.json's '{name}' is {i}, but that entry is "
-                                  f"{piece.get(i)!r}, not {want!r}")
+    for what, i, want in (("config.json's 'pad_token_id'", ids.pad, "<pad>"),
+                          ("config.json's 'eos_token_id'", ids.eos, "</s>"), ("<unk>", ids.unk, "<unk>")):
+        if i < 0:
+            raise CheckpointError(f"{file} has no {want!r} entry")
+        if not i < size or piece[i] != want:
+            raise CheckpointError(f"{file}: {what} is id {i}, but that entry is {piece.get(i)!r}, not {want!r}")
     if not 0 <= ids.start < size:
         raise CheckpointError(f"config.json: 'decoder_start_token_id' {ids.start} is not an id of {file}")
     rows = [ids.pad, ids.start, ids.eos, ids.unk]
     rows += [i for i in range(size) if i not in set(rows)]
     others = [piece[i] for i in rows[4:]]
+    check_pieces(others, file)
     clash = [p for p in others if p in SPECIALS]
     if clash:
         raise CheckpointError(f"{file}: entry {clash[0]!r} (id {table[clash[0]]}) is not the model's "
@@ -144,7 +157,10 @@ def vocab_rows(table: Any, size: int, ids: SpecialIds, file: Path, size_key: str
 def _weights_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _json(index, "").get("weight_map", {})
+        weight_map = _json(index, "")
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has no 'weight_map' of tensor names to files")
         return [folder / name for name in sorted(set(weight_map.values()))]
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (folder / name).is_file():
@@ -220,7 +236,8 @@ def position_tables(cfg: ModelConfig, hf: dict[str, Tensor], where: Path) -> Mod
     tables = [hf.get(f"model.{side}.embed_positions.weight") for side in ("encoder", "decoder")]
     if all(t is None for t in tables):
         return cfg
-    if any(t is None for t in tables) or tables[0].shape != tables[1].shape or tables[0].shape[1] != cfg.d_model:
+    if any(t is None or t.dim() != 2 for t in tables) or tables[0].shape != tables[1].shape \
+            or tables[0].shape[1] != cfg.d_model:
         raise CheckpointError(f"{where}: the encoder's and decoder's position tables must both be there, "
                               f"(max_position_embeddings, d_model) each; the file has "
                               f"{[None if t is None else tuple(t.shape) for t in tables]}")
@@ -339,7 +356,9 @@ def read_hf_marian(folder: str | Path, overrides: list[str] = ()) -> ImportedChe
     hf = _json(folder / "config.json", "config.json")
     model = model_config(hf, folder / "config.json")
     tok_cfg = _json(folder / "tokenizer_config.json", "") if (folder / "tokenizer_config.json").is_file() else {}
-    separate = bool(tok_cfg.get("separate_vocabs", False)) if isinstance(tok_cfg, dict) else False
+    if not isinstance(tok_cfg, dict):
+        raise CheckpointError(f"{folder / 'tokenizer_config.json'} is not a JSON object")
+    separate = bool(tok_cfg.get("separate_vocabs", False))
     src_table = _json(folder / "vocab.json", "vocab.json (the pieces' ids)")
     tgt_file = folder / ("target_vocab.json" if separate else "vocab.json")
     tgt_table = _json(tgt_file, "target_vocab.json (tokenizer_config.json says separate_vocabs)") \

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from tformer.config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, from_dict, merge_overrides, \
     to_dict
-from tformer.convert.hf_marian import NO_PROBABILITY, ImportedCheckpoint, piece_tokenizers
+from tformer.convert.hf_marian import NO_PROBABILITY, ImportedCheckpoint, check_pieces, piece_tokenizers
 from tformer.data.vocab import SPECIALS, Vocab
 from tformer.errors import CheckpointError
 from tformer.training.checkpoint import FORMAT, FORMAT_VERSION
@@ -132,6 +132,7 @@ def read_vocab(file: Path) -> list[str]:
     pieces = [by_id[i] for i in range(len(table))]
     if pieces[:2] != ["</s>", "<unk>"]:
         raise CheckpointError(f"{file}: ids 0 and 1 must be </s> and <unk>, found {pieces[:2]}")
+    check_pieces(pieces[2:], file)
     clash = [p for p in pieces[2:] if p in SPECIALS]
     if clash:
         raise CheckpointError(f"{file}: entry {clash[0]!r} is a special token in the middle of the vocabulary; "
@@ -189,12 +190,11 @@ def to_tformer(w: dict[str, np.ndarray], cfg: ModelConfig, V_src: int, V_tgt: in
             if side == "decoder":
                 blocks.append(("cross_attn", "context", "res_cross"))
             for attn, name, residual in blocks:
-                q, k, v = ({} for _ in range(3))
-                for part, store in (("q", q), ("k", k), ("v", v)):
-                    linear(f"tmp.{part}", f"{theirs}_{name}", D, D, part)
-                    store.update(weight=out.pop(f"tmp.{part}.weight"), bias=out.pop(f"tmp.{part}.bias"))
-                out[f"{ours}.{attn}.in_proj.weight"] = torch.cat([q["weight"], k["weight"], v["weight"]])
-                out[f"{ours}.{attn}.in_proj.bias"] = torch.cat([q["bias"], k["bias"], v["bias"]])
+                for p in ("weight", "bias"):  # q, k, v stacked in that order, as tformer's fused projection
+                    out[f"{ours}.{attn}.in_proj.{p}"] = torch.cat([
+                        take(f"{theirs}_{name}_W{x}", (D, D)).T if p == "weight" else take(f"{theirs}_{name}_b{x}",
+                                                                                             (1, D))[0]
+                        for x in "qkv"])
                 linear(f"{ours}.{attn}.out_proj", f"{theirs}_{name}", D, D, "o")
                 norm(f"{ours}.{residual}.norm", f"{theirs}_{name}_Wo")
             linear(f"{ours}.ffn.linear1", f"{theirs}_ffn", D, F, "1")

@@ -26,11 +26,11 @@ def train_config(config: Config | str | Path | None = None, run_dir: str | Path 
     if isinstance(config, Config):
         cfg = from_dict(merge_overrides(to_dict(config), overrides)) if overrides else config
         given = {k: v for k, v in to_dict(cfg.model).items() if v != to_dict(ModelConfig())[k]}
-        return initial_model(cfg, given) if cfg.train.init_from else cfg
+        return initial_model(cfg, given, run_dir if resume else None) if cfg.train.init_from else cfg
     if config is not None:
         cfg = Config.from_yaml(config, overrides)
         given = dict(merge_overrides(read_yaml(find_recipe(config)), overrides).get("model") or {})
-        return initial_model(cfg, given) if cfg.train.init_from else cfg
+        return initial_model(cfg, given, run_dir if resume else None) if cfg.train.init_from else cfg
     if not resume:
         raise ConfigError("training needs a config: a tformer.Config, a YAML file or a recipe name such as "
                           "'copy' (--config)")
@@ -42,23 +42,39 @@ def train_config(config: Config | str | Path | None = None, run_dir: str | Path 
         return load_config(Path(run_dir) / "config.yaml", overrides)
 
 
-def initial_model(cfg: Config, given: dict) -> Config:
-    """`cfg` with the model section of train.init_from's model. `given`: the model keys the recipe or the
-    overrides set; any but FINE_TUNABLE must equal the initial model's, else a ConfigError names the key."""
+def initial_model(cfg: Config, given: dict, run_dir: str | Path | None = None) -> Config:
+    """`cfg` with the model section of train.init_from's model (of the run's latest checkpoint when resuming
+    `run_dir`: the initial model is not read again). `given`: the model keys the recipe or the overrides set;
+    any but FINE_TUNABLE must equal the initial model's, else a ConfigError names the key. The initial model's
+    tokenizers must suit the data settings."""
     import dataclasses
 
     from tformer.config import to_dict
     from tformer.convert import open_checkpoint
 
-    init = open_checkpoint(cfg.train.init_from).cfg.model
-    have = to_dict(init)
+    start = None
+    if run_dir is not None:
+        try:
+            start = load_checkpoint(run_dir, which="latest")
+        except NoCheckpointError:  # stopped before its first checkpoint: it starts from the initial model again
+            pass
+    start = start or open_checkpoint(cfg.train.init_from)
+    kinds = [getattr(t, "kind", type(t).__name__) for t in start.tokenizers]
+    if cfg.data.task == "translation" and not set(kinds) <= {"subword", "pieces"}:
+        raise ConfigError(f"train.init_from={cfg.train.init_from} reads text with {' and '.join(kinds)} tokenizers; "
+                          "data.task 'translation' needs SentencePiece ones (a translation model, or an imported one)")
+    if cfg.data.subword_sampling and "pieces" in kinds:
+        raise ConfigError(f"config key 'data.subword_sampling': the imported model's tokenizers "
+                          f"(train.init_from={cfg.train.init_from}) look pieces up in their own table and cannot "
+                          "sample segmentations; set it to 0")
+    have = to_dict(start.cfg.model)
     for key, value in given.items():
         if key not in FINE_TUNABLE and key in have and value != have[key]:
             raise ConfigError(f"config key 'model.{key}': fine-tuning (train.init_from={cfg.train.init_from}) keeps "
                               f"the initial model's architecture, whose {key} is {have[key]!r}, not {value!r}; leave "
                               f"model.{key} out (a fine-tuning run may set model.{', model.'.join(FINE_TUNABLE)})")
     tuned = {k: getattr(cfg.model, k) for k in FINE_TUNABLE if k in given}
-    return dataclasses.replace(cfg, model=dataclasses.replace(init, **tuned))
+    return dataclasses.replace(cfg, model=dataclasses.replace(start.cfg.model, **tuned))
 
 
 def train(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
