@@ -61,12 +61,9 @@ def test_bleu(model_path: Path) -> float:
 
 
 def curve(run: Path) -> dict[int, float]:
-    points = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "valid" in record:
-            points[record["step"]] = record["valid"]["bleu"]
-    return points
+    """Validation BLEU by update, from the run's metrics.jsonl."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["bleu"] for r in records if r.get("kind") == "valid"}
 
 
 def main() -> None:
@@ -76,30 +73,36 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--lr", type=float, default=5e-4, help="fine-tuning peak learning rate")
     ap.add_argument("--work", help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--report-only", action="store_true", help="report on the runs already in --work")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="tformer-finetune-"))
-    a, b = halves(work / "data")
-    base = work / "base"
-    tformer.train("multi30k_tiny", base, overrides=[f"data.dir={a}", "model.norm=post",
-                                                    f"train.max_hours={args.minutes / 60}"])
-    hf = export_hf_marian(base, work / "base-hf")
+    base, hf = work / "base", work / "base-hf"
+    if not args.report_only:
+        a, b = halves(work / "data")
+        tformer.train("multi30k_tiny", base, overrides=[f"data.dir={a}", "model.norm=post",
+                                                        f"train.max_hours={args.minutes / 60}"])
+        export_hf_marian(base, hf)
     tuned = {}
     for name, start in (("from the Hugging Face folder (imported)", hf), ("from the native run", base)):
         run = work / ("ft-hf" if start == hf else "ft-native")
+        tuned[name] = run
+        if args.report_only:
+            continue
         tformer.train("finetune", run, overrides=[
-            f"train.init_from={start}", f"data.dir={b}", "data.src_lang=en", "data.tgt_lang=de",
+            f"train.init_from={start}", f"data.dir={work / 'data' / 'B'}", "data.src_lang=en", "data.tgt_lang=de",
             "data.valid_prefix=val", "data.test_prefix=test2016", f"train.max_steps={args.steps}",
             f"train.eval_every={args.eval_every}", f"train.lr={args.lr}", "train.max_tokens=4096", "train.patience=0",
             "train.epochs=100", "train.seed=1"])
-        tuned[name] = run
     runs = list(tuned.values())
     final = [load_checkpoint(r, "latest").weights("raw") for r in runs]
     diff = max(float((final[0][k] - final[1][k]).abs().max()) for k in final[0])
     curves = [curve(r) for r in runs]
     steps = sorted(set(curves[0]) | set(curves[1]))
+    base_steps = load_checkpoint(base, "latest").state().step
     table = ["| model | test2016 sacreBLEU |", "|---|---:|",
-             f"| base: multi30k_tiny post-norm, {args.minutes:.0f} min on half A (native) | {test_bleu(base):.2f} |",
+             f"| base: multi30k_tiny post-norm, {args.minutes:.0f} min ({base_steps} updates) on half A (native) | "
+             f"{test_bleu(base):.2f} |",
              f"| base, exported to Hugging Face and read from that folder | {test_bleu(hf):.2f} |"]
     for name, run in tuned.items():
         table.append(f"| fine-tuned {args.steps} updates on half B, {name} | {test_bleu(run):.2f} |")
