@@ -311,9 +311,8 @@ def save_tokenizers(folder: Path, toks: tuple[Tokenizer, Tokenizer]) -> dict[str
     if kind == "pieces":
         names: tuple[str, str] = ("spm.src.model", "spm.src.model" if joint else "spm.tgt.model")
         for tok, side in zip(toks[: 1 if joint else 2], ("src", "tgt")):
-            for name in tok.save(folder, side, vocab=True):
-                with open(folder / name, "rb") as f:
-                    os.fsync(f.fileno())
+            for name, data in {**tok.files(side), f"vocab.{side}.txt": tok.vocab.dumps()}.items():
+                write_file(folder / name, data)
     else:
         names = tokenizer_files(joint)
         for tok, name in zip(toks, names):

@@ -178,15 +178,15 @@ class PieceTableTokenizer:
         h.update(json.dumps([self.vocab.itos, self.original]).encode("utf-8"))
         return h.hexdigest()
 
-    def save(self, folder: str | Path, side: str, vocab: bool = False) -> list[str]:
-        """spm.{side}.model and table.{side}.json (the original id of each entry) beside vocab.{side}.txt (written
-        too with `vocab`); returns the names written."""
-        folder = Path(folder)
-        (folder / f"spm.{side}.model").write_bytes(self.model_bytes)
-        (folder / f"table.{side}.json").write_text(json.dumps({"original_ids": self.original}), encoding="utf-8")
-        if vocab:
-            self.vocab.save(folder / f"vocab.{side}.txt")
-        return [f"spm.{side}.model", f"table.{side}.json"] + ([f"vocab.{side}.txt"] if vocab else [])
+    def files(self, side: str) -> dict[str, bytes]:
+        """What holds it beside its vocab.{side}.txt: spm.{side}.model and table.{side}.json (the original id of
+        each entry)."""
+        return {f"spm.{side}.model": self.model_bytes,
+                f"table.{side}.json": json.dumps({"original_ids": self.original}).encode("utf-8")}
+
+    def save(self, folder: str | Path, side: str) -> None:
+        for name, data in self.files(side).items():
+            (Path(folder) / name).write_bytes(data)
 
     @classmethod
     def load(cls, folder: str | Path, side: str, vocab: Vocab) -> "PieceTableTokenizer":

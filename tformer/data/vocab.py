@@ -53,8 +53,12 @@ class Vocab:
                 seen.setdefault(tok, None)
         return cls(seen)
 
+    def dumps(self) -> bytes:
+        """The file `save` writes: one entry per line, UTF-8."""
+        return "".join(t + "\n" for t in self.itos).encode("utf-8")
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text("".join(t + "\n" for t in self.itos), encoding="utf-8")
+        Path(path).write_bytes(self.dumps())
 
     @classmethod
     def load(cls, path: str | Path) -> "Vocab":
