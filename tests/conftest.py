@@ -29,7 +29,7 @@ PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 SCALE = {"ci": 1, "random": 1, "long": 20}[PROFILE]
 
-# What batching may change in a score (docs/reliability.md, "Outputs and batching"; the README's Translate):
+# What batching may change in a score (docs/reliability.md, "Outputs and batching"; docs/howto/translate.md):
 # tokens and texts never; a log-probability only in its last float32 digits, per token within REL of
 # max(1, |value|), so a sum within REL of its absolute value plus REL per token.
 REL = 1e-5

@@ -363,13 +363,13 @@ def test_an_imported_model_serves_and_ensembles(folders, tmp_path):
     assert len(pair.translate(SOURCES[:2])) == 2
 
 
-def test_the_readme_section_runs(tmp_path, monkeypatch, capsys):
+def test_the_guides_python_runs(tmp_path, monkeypatch, capsys):
     from test_readme import python_blocks
 
-    blocks = python_blocks("Pretrained models: import OPUS-MT, fine-tune, export")
+    blocks = python_blocks("docs/howto/pretrained.md")
     assert len(blocks) == 1
     make_folder(tmp_path / "opus-mt-en-de", seed=0)
     monkeypatch.chdir(tmp_path)
-    exec(compile(blocks[0], "README.md (Pretrained models)", "exec"), {"__name__": "readme"})
+    exec(compile(blocks[0], "docs/howto/pretrained.md", "exec"), {"__name__": "readme"})
     text, score = capsys.readouterr().out.splitlines()[-2:]
     assert text and float(score) < 0

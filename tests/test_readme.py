@@ -1,5 +1,5 @@
-"""The README's "Use from Python" section runs as written: its Python snippets, in order, in one namespace,
-in a fresh folder (the first trains the model the others use)."""
+"""The README's Python runs as written, and so does the guide "Use from Python" (docs/howto/python.md): its
+snippets, in order, in one namespace, in a fresh folder (the first trains the model the others use)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,36 @@ pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def python_blocks(section: str) -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index(f"\n## {section}\n")
-    end = text.index("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
+def python_blocks(page: str, section: str | None = None) -> list[str]:
+    """The ```python blocks of a Markdown file of the repository (of one `## section` of it, if named)."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    if section is not None:
+        start = text.index(f"\n## {section}\n")
+        end = text.find("\n## ", start + 1)
+        text = text[start:end if end >= 0 else None]
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_the_readmes_python_runs(tmp_path, monkeypatch, capsys):
+    """Every Python block of the README (its five lines), as written, in a fresh folder."""
+    blocks = python_blocks("README.md")
+    assert len(blocks) == 1 and len([line for line in blocks[0].splitlines() if line.strip()]) <= 5
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)
+    out = capsys.readouterr().out.splitlines()
+    assert namespace["result"].step == 300 or namespace["result"].reached_target
+    assert out[-1] == namespace["translator"].translate(["h e l l o"], beam=4)[0].text
+    assert out[-1] == "h e l l o"  # as the comment in the README says
 
 
 def test_use_from_python_snippets_run(tmp_path, monkeypatch, capsys):
-    blocks = python_blocks("Use from Python")
+    blocks = python_blocks("docs/howto/python.md")
     assert len(blocks) == 4
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "readme"}
     for n, block in enumerate(blocks):
-        exec(compile(block, f"README.md (Use from Python, snippet {n + 1})", "exec"), namespace)
+        exec(compile(block, f"docs/howto/python.md (snippet {n + 1})", "exec"), namespace)
     out = capsys.readouterr().out.splitlines()
     translator = namespace["translator"]
     result, cap = namespace["result"], namespace["config"].train.max_hours * 3600

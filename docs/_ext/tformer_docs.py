@@ -1,0 +1,207 @@
+"""Sphinx extension of tformer's docs: reference tables generated from the code, and the build's own checks.
+
+- ``{tformer-config} ModelConfig`` renders a config dataclass as a table: key, type, default and meaning, the
+  meaning read from the comment after each field in tformer/config.py (the source is the documentation).
+- ``{tformer-recipes}`` lists the packaged recipes with the comment each YAML file starts with (the command that
+  runs it and what it measured).
+- The build's work folder: tutorials run in ``$TFORMER_DOCS_WORK`` (beside the HTML output unless set), where
+  ``data/`` links to the offline corpora (``$TFORMER_SHARED_DATA``, default ``../shared/data``) and ``runs/``
+  holds the models the tutorials train; ``TFORMER_CACHE`` points there too, so a build never writes ~/.cache.
+- After the build: every executed page must have succeeded and taken measurable time (a page that ran in 0 s
+  executed nothing), and the timings are written to ``<html>/_tformer/execution.json`` for the build report.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import json
+import os
+import shutil
+import tokenize
+import typing
+from pathlib import Path
+
+from docutils import nodes
+from docutils.parsers.rst import Directive
+from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
+
+ROOT = Path(__file__).resolve().parents[2]
+MIN_SECONDS = 0.5  # a page that executed in less did not run the library
+
+
+def field_comments(path: Path, class_name: str) -> dict[str, str]:
+    """The comment after each field of a dataclass in `path`, continued by comment-only lines below it."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        text, row = [], node.end_lineno
+        if row in comments:
+            text.append(comments[row])
+            row += 1
+            while row in comments and lines[row - 1].lstrip().startswith("#"):
+                text.append(comments[row])
+                row += 1
+        out[node.target.id] = " ".join(text)
+    return out
+
+
+def type_name(annotation) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(annotation))
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _table(header: list[str], rows: list[list[str]], widths: list[int]) -> nodes.table:
+    table = nodes.table(classes=["tformer-reference"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    for w in widths:
+        group += nodes.colspec(colwidth=w)
+    thead, tbody = nodes.thead(), nodes.tbody()
+    group += thead
+    group += tbody
+    for target, cells in ((thead, [header]), (tbody, rows)):
+        for cells_row in cells:
+            row = nodes.row()
+            for i, cell in enumerate(cells_row):
+                entry = nodes.entry()
+                entry += nodes.paragraph("", "", nodes.literal(cell, cell) if i < 3 and cell else nodes.Text(cell))
+                row += entry
+            target += row
+    return table
+
+
+class ConfigTable(Directive):
+    """``{tformer-config} ModelConfig [prefix]``: the fields of tformer.config.<ModelConfig> as a table."""
+
+    required_arguments = 1
+    optional_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        from tformer import config
+
+        cls = getattr(config, self.arguments[0])
+        prefix = self.arguments[1] if len(self.arguments) > 1 else ""
+        comments = field_comments(Path(config.__file__), cls.__name__)
+        hints = typing.get_type_hints(cls)
+        rows = []
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                default = repr(f.default)
+            elif f.default_factory is not dataclasses.MISSING:  # a nested section: see its own table
+                default = f"{type(f.default_factory()).__name__}()"
+            else:
+                default = "(required)"
+            rows.append([f"{prefix}{f.name}", type_name(hints[f.name]), default, comments.get(f.name, "")])
+        return [_table(["key", "type", "default", "meaning"], rows, [18, 16, 10, 56])]
+
+
+class RecipeList(Directive):
+    """``{tformer-recipes}``: each packaged recipe with the comment block it starts with."""
+
+    def run(self) -> list[nodes.Node]:
+        from tformer.recipes import __file__ as recipes_init
+
+        out: list[nodes.Node] = []
+        for path in sorted(Path(recipes_init).parent.glob("*.yaml")):
+            head = []
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if not line.startswith("#"):
+                    break
+                head.append(line[1:].removeprefix(" "))
+            section = nodes.section(ids=[f"recipe-{path.stem}"], names=[f"recipe {path.stem}"])
+            section += nodes.title(path.stem, path.stem)
+            section += nodes.literal_block("\n".join(head), "\n".join(head))
+            out.append(section)
+        return out
+
+
+def _rst_text(text: str | None) -> str | None:
+    """Plain help text as reStructuredText that shows it as written (sphinx-argparse reads help as rST)."""
+    if not text:
+        return text
+    for char in "\\*`|_":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def rst_parser():
+    """tformer.cli.build_parser(), its help texts escaped for sphinx-argparse (the reference's CLI page)."""
+    import argparse
+
+    from tformer.cli import build_parser
+
+    def escape(parser: argparse.ArgumentParser) -> None:
+        parser.description, parser.epilog = _rst_text(parser.description), _rst_text(parser.epilog)
+        for action in parser._actions:
+            if action.help not in (None, argparse.SUPPRESS):
+                action.help = _rst_text(action.help)
+            if isinstance(action, argparse._SubParsersAction):
+                for choice in action._choices_actions:
+                    choice.help = _rst_text(choice.help)
+                for sub in set(action.choices.values()):
+                    escape(sub)
+
+    parser = build_parser()
+    escape(parser)
+    return parser
+
+
+def prepare_work_folder(app: Sphinx) -> None:
+    given = os.environ.get("TFORMER_DOCS_WORK")
+    work = Path(given or Path(app.outdir).parent / "work").resolve()
+    if not given and app.config.nb_execution_mode == "force" and (work / "runs").is_dir():
+        shutil.rmtree(work / "runs")  # every build trains its models afresh, as the pages say
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    shared = Path(os.environ.get("TFORMER_SHARED_DATA") or ROOT.parent / "shared" / "data").resolve()
+    data = work / "data"
+    if not data.exists():
+        if not shared.is_dir():
+            raise ExtensionError(f"the tutorials read the offline corpora, not found at {shared}: set "
+                                 "TFORMER_SHARED_DATA to the shared/data folder")
+        data.symlink_to(shared, target_is_directory=True)
+    os.environ["TFORMER_DOCS_WORK"] = str(work)  # the kernels the tutorials run in inherit these
+    os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars are for terminals; a built page shows results
+
+
+def check_execution(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    from myst_nb.sphinx_ import NbMetadataCollector
+
+    report = {}
+    for docname in sorted(app.env.found_docs):
+        data = NbMetadataCollector.get_exec_data(app.env, docname)
+        if data:
+            report[docname] = {"seconds": round(data["runtime"] or 0.0, 2), "succeeded": bool(data["succeeded"]),
+                               "method": data["method"]}
+    failed = [d for d, r in report.items() if not r["succeeded"] or r["seconds"] < MIN_SECONDS]
+    if app.config.nb_execution_mode != "off" and failed:
+        raise ExtensionError(f"notebook pages that failed or executed in under {MIN_SECONDS} s: {failed}")
+    out = Path(app.outdir) / "_tformer"
+    out.mkdir(exist_ok=True)
+    (out / "execution.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_directive("tformer-config", ConfigTable)
+    app.add_directive("tformer-recipes", RecipeList)
+    app.connect("builder-inited", prepare_work_folder)
+    app.connect("build-finished", check_execution)
+    return {"parallel_read_safe": False, "parallel_write_safe": True}
