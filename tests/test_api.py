@@ -100,6 +100,14 @@ def test_decoding_settings_change_only_the_call(translator):
     assert [t.text for t in loaded.translate(LINES[:5])] == [t.text for t in translator.translate(LINES[:5], beam=4)]
 
 
+def test_int8_is_chosen_when_loading_not_per_call(translator):
+    """quantize changes the weights: a call that asks for another than the loaded model's is refused by name
+    (it was once ignored in silence); repeating the loaded choice is fine."""
+    with pytest.raises(tformer.ConfigError, match="decode.quantize.*tformer.load"):
+        translator.translate(LINES[:1], quantize="int8")
+    assert translator.translate(LINES[:1], quantize="none")[0].text == translator.translate(LINES[:1])[0].text
+
+
 # ------------------------------------------------------------------------------------------ score, prefix
 
 

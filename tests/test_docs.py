@@ -223,6 +223,7 @@ def test_the_reference_is_generated_from_the_code(site):
     from tformer.cli import COMMANDS, build_parser
 
     text = (site / "reference" / "config.html").read_text(encoding="utf-8")
+    assert "(no comment in the source)" not in text  # every key says what it means
     for section, cls in (("model", config.ModelConfig), ("data", config.DataConfig), ("train", config.TrainConfig),
                          ("decode", config.DecodeConfig)):
         for f in dataclasses.fields(cls):

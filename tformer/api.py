@@ -122,7 +122,13 @@ class Translator:
 
     def decode_settings(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
                         **settings: Any) -> DecodeConfig:
-        """The loaded defaults with these settings (DecodeConfig fields) on top, checked."""
+        """The loaded defaults with these settings (DecodeConfig fields) on top, checked. `quantize` is chosen
+        when the model is loaded (its weights change), so a call may only repeat it."""
+        loaded = self.config.decode.quantize
+        if settings.get("quantize", loaded) != loaded:
+            raise ConfigError(f"config key 'decode.quantize': the model was loaded with quantize={loaded!r}; int8 "
+                              f"is chosen when loading (tformer.load(..., quantize={settings['quantize']!r})), not "
+                              "per call")
         fields = decode_fields(beam, nbest, batch_size, settings.pop("batch_tokens", None))
         return updated(self.config.decode, "decode", {**settings, **fields})
 
@@ -217,7 +223,7 @@ class Translator:
         longer wanted: it leaves its batch at once (the others decode as they would have) and its entry is None
         (tformer serve gives up on a request past its time limit this way). `settings`: more DecodeConfig
         fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, temperature, top_k,
-        top_p, seed, batch_tokens, quantize)."""
+        top_p, seed, batch_tokens; `quantize` is chosen by `tformer.load`)."""
         _check_list(sources, "sources")
         _check_batch_type(batch_type)
         cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)

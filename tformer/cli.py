@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from tformer.commands import (animate, attention, average, convert, data, demo, evaluate, explore, export, graph,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MPLBACKEND", "Agg")  # commands write picture files; never open a window
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     for item in extra:  # overrides may stand anywhere, also after options (argparse leaves those over)

@@ -48,17 +48,17 @@ class StructureConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
+    d_model: int = 256  # D: the width of embeddings, attention and every residual stream
+    n_heads: int = 4  # H: attention heads per layer (d_model must be a multiple)
+    d_ff: int = 1024  # the feed-forward network's inner width
+    encoder_layers: int = 3  # layers of the encoder stack (universal: the most steps is max_steps instead)
+    decoder_layers: int = 3  # layers of the decoder stack
     dropout: float = 0.1  # embeddings (+positions) and every residual branch
     attention_dropout: float = 0.1  # attention weights
     ffn_dropout: float = 0.1  # inside the FFN, after the activation
     activation: Literal["relu", "gelu", "silu"] = "relu"  # silu: swish, x sigmoid(x) (Marian's OPUS-MT models)
     norm: Literal["post", "pre"] = "post"  # post: the paper; pre: Annotated Transformer / DGL (+ final norm)
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm (Marian's imported models: 1e-6)
     positions: Literal["sinusoidal", "learned", "tupe", "tupe-r"] = "sinusoidal"  # encoder and decoder; tupe:
     # position-position correlations added to the self-attention scores (see tformer.positions)
     decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r"] = ""  # "" = as model.positions
@@ -113,53 +113,60 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: Literal["copy", "sort", "text", "translation", "speech", "synthetic_speech"] = "copy"
+    task: Literal["copy", "sort", "text", "translation", "speech", "synthetic_speech"] = "copy"  # what to learn:
+    # a synthetic task generated in-process, pre-tokenised text files, raw parallel text, or speech frames
+
     # synthetic tasks (copy, sort): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
     symbols: int = 26  # 'a', 'b', ... then 's26', 's27', ... beyond 26
     length_distribution: Literal["normal", "uniform"] = "normal"  # of train and valid; uniform: every length in
     # [min_len, max_len] equally likely. The test splits do not follow it: test is DGL's, test_uniform uniform
-    length_mean: float = 15.0
-    length_std: float = 3.0
-    min_len: int = 1
-    max_len: int = 30
-    train_size: int = 9000
-    valid_size: int = 1000
-    test_size: int = 1000
-    seed: int = 1
+    length_mean: float = 15.0  # copy, sort: mean of the normal length distribution
+    length_std: float = 3.0  # copy, sort: its standard deviation
+    min_len: int = 1  # copy, sort: the shortest sequence (lengths are clipped to [min_len, max_len])
+    max_len: int = 30  # copy, sort: the longest sequence
+    train_size: int = 9000  # copy, sort, synthetic_speech: sequences in the training split
+    valid_size: int = 1000  # ... in the validation split
+    test_size: int = 1000  # ... in each test split
+    seed: int = 1  # generates the synthetic data; splits a tsv corpus; samples the tokenizer's training pairs
+
     # task 'text': a folder with {train,valid,test}.{src,tgt}, one whitespace-tokenised sequence per line
-    dir: str = ""
+    dir: str = ""  # the corpus folder (text, translation with format files, speech)
+
     # task 'translation': raw (untokenised) parallel text, SentencePiece trained on the training split.
     # format 'files': {dir}/{prefix}.{lang} or .{lang}.gz per split, line i translating line i;
     # format 'tsv': one tab-separated file split by source sentence into train/valid/test with `seed`.
-    format: Literal["files", "tsv"] = "files"
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    train_prefix: str = "train"
-    valid_prefix: str = "valid"
-    test_prefix: str = "test"
-    tsv: str = ""
+    format: Literal["files", "tsv"] = "files"  # translation: one file per split and language, or one tsv file
+    src_lang: str = "en"  # translation: the source language's file suffix ({prefix}.{src_lang})
+    tgt_lang: str = "de"  # ... and the target's
+    train_prefix: str = "train"  # translation files: the training split's name ({dir}/{train_prefix}.{lang})
+    valid_prefix: str = "valid"  # ... the validation split's
+    test_prefix: str = "test"  # ... the test split's
+    tsv: str = ""  # format tsv: the path of the tab-separated file
     tsv_columns: tuple[int, int] = (0, 1)  # 0-based columns of source and target
-    subword: Literal["bpe", "unigram"] = "bpe"
+    subword: Literal["bpe", "unigram"] = "bpe"  # the SentencePiece model type
     subword_sampling: float = 0.0  # training side only: re-segment each training pair at every use, seeded by
     # (train.seed, epoch, batch): BPE-dropout with this probability (bpe), or sampling with this alpha (unigram)
     vocab_size: int = 8000  # pieces per SentencePiece model, the 4 specials included
     joint_vocab: bool = True  # one model for both sides (needed by model.share_embeddings)
-    character_coverage: float = 1.0
+    character_coverage: float = 1.0  # SentencePiece: the share of characters the vocabulary must cover
     filter_max_len: int = 250  # training pairs with a side longer than this (in pieces) are dropped
     filter_max_ratio: float = 0.0  # ... or with longer/shorter side above this; 0 = no ratio filter
+
     # translation corpora are encoded once into memory-mapped shards (tformer prepare; see tformer.data.prepared):
     prepared: str = ""  # a folder `tformer prepare` wrote; empty: prepare into the cache ($TFORMER_CACHE) as needed
     tokenizer_sample: int = 1_000_000  # SentencePiece learns from this many training pairs (seeded by data.seed; 0 = all)
     shard_size: int = 100_000  # raw pairs per shard (the unit of parallel encoding and of resuming a prepare)
     workers: int = 0  # encoding processes (0 = one per CPU core)
+
     # task 'speech': {dir}/{prefix}.tsv per split, lines 'id<TAB>transcript', frames in {dir}/{id}.npy, a float
     # array (frames, model.feature_dim) each (see tformer.data.speech)
     target_units: Literal["char", "subword"] = "char"  # speech targets: characters, or SentencePiece pieces
     max_frames: int = 0  # speech: utterances with more input frames are an error (0 = no limit)
+
     # task 'synthetic_speech': symbols (the first 26 letters) grouped into words; each letter becomes a block
     # of noisy frames around its prototype, a space a block of noise alone (see tformer.data.speech)
     min_frames: int = 3  # frames per letter or space, drawn uniformly from min_frames .. max_symbol_frames
-    max_symbol_frames: int = 8
+    max_symbol_frames: int = 8  # synthetic_speech: the most frames per letter or space
     gap_frames: int = 0  # up to this many noise frames between letters (0 = none); below min_frames
     noise: float = 1.0  # std of the Gaussian noise on every frame (prototypes have unit variance)
 
@@ -209,26 +216,27 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seed: int = 1
+    seed: int = 1  # initial weights, dropout and the batch order (a resume continues it exactly)
     max_tokens: int = 4096  # token budget per batch: sentences x longest side (padded), BOS/EOS included
     max_sentences: int = 0  # 0 = no limit
-    epochs: int = 20
+    epochs: int = 20  # passes over the training data (whichever of epochs, max_steps, max_hours ends first)
     max_steps: int = 0  # optimizer updates; 0 = no limit
     max_hours: float = 0.0  # stop (after saving) once the run's wall time, evaluations included, reaches this
     accum_steps: int = 1  # batches per optimizer update
-    schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"
+    schedule: Literal["noam", "inverse_sqrt", "constant"] = "noam"  # the learning rate over updates: noam is
+    # lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); inverse_sqrt peaks at lr after warmup
     lr: float = 1.0  # noam: the factor; inverse_sqrt/constant: the peak learning rate
-    warmup: int = 4000
-    betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
+    warmup: int = 4000  # updates of linear warm-up
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam's (beta1, beta2), the paper's
+    adam_eps: float = 1e-9  # Adam's epsilon, the paper's
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam
     clip_norm: float = 1.0  # 0 = no clipping
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # probability mass spread over the other tokens of the target vocabulary
     ema: float = 0.0  # decay of an exponential moving average of the weights (0 = none; e.g. 0.999): validated,
     # checkpointed (ema.safetensors) and used for inference beside the raw weights (tformer/training/ema.py)
     ponder_weight: float = 0.01  # universal transformer: tau, the weight of the ACT ponder cost in the loss
     eval_every: int = 0  # optimizer updates between evaluations; 0 = once per epoch
-    log_every: int = 20
+    log_every: int = 20  # optimizer updates between log lines (and metrics.jsonl records)
     keep_last: int = 3  # checkpoints kept besides the best
     keep_best: int = 0  # also keep this many best-validated checkpoints (for `tformer average --best N`)
     save_every: int = 0  # optimizer updates between checkpoints without an evaluation; 0 = at evaluations only
@@ -239,6 +247,7 @@ class TrainConfig:
     valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when PyTorch sees a GPU, else cpu
+
     # the forward pass under torch.autocast in this dtype (weights, gradients, optimizer stay float32); fp16 adds
     # a dynamic gradient scaler, kept in checkpoints. For GPUs: CPUs without bf16/fp16 units run it far slower
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -270,16 +279,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    strategy: Literal["greedy", "beam", "sample"] = "greedy"
+    strategy: Literal["greedy", "beam", "sample"] = "greedy"  # the search (beam=N in a call: beam with N)
     max_len_a: float = 1.2  # output length limit: a * source_length + b
-    max_len_b: int = 10
+    max_len_b: int = 10  # ... the b of that limit
     batch_size: int = 250  # sentences per decoding batch
     batch_tokens: int = 0  # > 0: batches of at most this many padded source tokens (sentences x longest) instead
     beam_finish: Literal["top_k", "all"] = "top_k"  # beam: which endings are kept. top_k: </s> among a step's top
     # K of 2K candidates (fairseq, CTranslate2, Marian); all: every finished candidate that could still win, with
     # an exact stop (t5x): outputs the model scores higher, but on Multi30k shorter and up to 12 BLEU lower
     quantize: Literal["none", "int8"] = "none"  # int8: dynamic int8 linear layers (CPU; PyTorch quantization)
-    beam_size: int = 5
+    beam_size: int = 5  # K: hypotheses kept per sentence (strategy beam)
     len_penalty: float = 0.6  # alpha of the length normalisation (beam); 0 = rank by the plain sum
     len_penalty_rule: Literal["gnmt", "power"] = "gnmt"  # gnmt: logprob / ((5 + length) / 6) ** alpha; power:
     # logprob / length ** alpha (Hugging Face, Marian, CTranslate2, fairseq); length counts the </s>

@@ -20,7 +20,8 @@ Alignment = list[tuple[int, int]]  # (source piece index, target piece index), 0
 class Hypothesis:
     text: str  # detokenised
     tokens: list[str]  # the target pieces, without <s> and </s>
-    score: float  # beam: log-probability / GNMT length penalty; greedy and sampling: log-probability
+    score: float  # beam: log-probability / GNMT length penalty; greedy: log-probability; sampling: under the
+    # distribution sampled from (temperature, top-k/top-p cut, renormalised)
     attention: AttentionMaps | None = None  # with return_attention=True (teacher-forced on this output)
     alignment: Alignment | None = None  # with alignment=True: per target piece, its source piece (see translate)
 

@@ -36,7 +36,6 @@ def main() -> int:
         (work / "data").symlink_to(shared, target_is_directory=True)
     os.environ["TFORMER_DOCS_WORK"] = str(work)
     os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
-    os.environ.setdefault("MPLBACKEND", "Agg")
     os.environ.setdefault("TQDM_DISABLE", "1")
     nb = read_myst_markdown_notebook(Path(args.page).read_text(encoding="utf-8"), path=args.page)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(work)}})
@@ -61,7 +60,8 @@ def main() -> int:
                             print(out["text"], end="")
                         elif "data" in out:
                             data = out["data"]
-                            print(data.get("text/plain", f"<{', '.join(data)}>"))
+                            kinds = ", ".join(k for k in data if k != "text/plain")
+                            print(data.get("text/plain", ""), f"[{kinds}]" if kinds else "")
     finally:
         print(f"=== {args.page}: {time.perf_counter() - start:.1f} s", "(failed)" if status else "")
     nbformat.validate(nb)

@@ -32,28 +32,43 @@ ROOT = Path(__file__).resolve().parents[2]
 MIN_SECONDS = 0.5  # a page that executed in less did not run the library
 
 
-def field_comments(path: Path, class_name: str) -> dict[str, str]:
-    """The comment after each field of a dataclass in `path`, continued by comment-only lines below it."""
+def field_comments(path: Path, class_name: str) -> list[tuple[str, str]]:
+    """A dataclass's documentation as its source writes it: ("field", name, meaning) for each field, the meaning
+    being the comment after it and the comment lines right below (or, with none after it, the comment block
+    right above it); ("note", "", text) for a comment block that follows a blank line and heads a group."""
     source = path.read_text(encoding="utf-8")
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == class_name)
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    fields = {n.lineno: n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    end = min([n.lineno for n in cls.body if isinstance(n, ast.FunctionDef)] + [cls.end_lineno + 1])
     lines = source.splitlines()
-    out: dict[str, str] = {}
-    for node in cls.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        text, row = [], node.end_lineno
-        if row in comments:
-            text.append(comments[row])
-            row += 1
-            while row in comments and lines[row - 1].lstrip().startswith("#"):
-                text.append(comments[row])
-                row += 1
-        out[node.target.id] = " ".join(text)
+    out: list[tuple[str, str, str]] = []
+    pending: list[str] = []  # a comment block not (yet) attached to a field
+    continuing = False
+    for row in range(cls.body[0].lineno, end):
+        line = lines[row - 1].strip()
+        if row in fields:
+            own = [comments[row]] if row in comments else []
+            if not own and pending:
+                own, pending = pending, []
+            if pending:
+                out.append(("note", "", " ".join(pending)))
+                pending = []
+            out.append(("field", fields[row], " ".join(own)))
+            continuing = row in comments
+        elif line.startswith("#"):
+            if continuing:
+                name, text = out[-1][1], out[-1][2]
+                out[-1] = ("field", name, f"{text} {comments[row]}")
+            else:
+                pending.append(comments[row])
+        else:
+            continuing = False
+            if pending and not line:
+                continue  # a block stays pending across blank lines until the field it heads
     return out
 
 
@@ -65,28 +80,26 @@ def type_name(annotation) -> str:
     return str(annotation).replace("typing.", "")
 
 
-def _table(header: list[str], rows: list[list[str]], widths: list[int]) -> nodes.table:
-    table = nodes.table(classes=["tformer-reference"])
-    group = nodes.tgroup(cols=len(header))
-    table += group
-    for w in widths:
-        group += nodes.colspec(colwidth=w)
-    thead, tbody = nodes.thead(), nodes.tbody()
-    group += thead
-    group += tbody
-    for target, cells in ((thead, [header]), (tbody, rows)):
-        for cells_row in cells:
-            row = nodes.row()
-            for i, cell in enumerate(cells_row):
-                entry = nodes.entry()
-                entry += nodes.paragraph("", "", nodes.literal(cell, cell) if i < 3 and cell else nodes.Text(cell))
-                row += entry
-            target += row
-    return table
+def _definitions(rows: list[tuple[str, str, str, str]]) -> list[nodes.Node]:
+    """(key, type, default, meaning) rows -> definition lists (`key` · type · default `value`, then the meaning);
+    a row without a key is a note heading the keys after it, set between the lists."""
+    out: list[nodes.Node] = []
+    for key, kind, default, meaning in rows:
+        if not key:
+            out.append(nodes.paragraph("", "", nodes.emphasis(meaning, meaning)))
+            continue
+        if not out or not isinstance(out[-1], nodes.definition_list):
+            out.append(nodes.definition_list(classes=["tformer-config"]))
+        term = nodes.term("", "", nodes.literal(key, key), nodes.Text(f"  ·  {kind}  ·  default "),
+                          nodes.literal(default, default), ids=[f"key-{key}"])
+        body = nodes.definition("", nodes.paragraph("", meaning or "(no comment in the source)"))
+        out[-1] += nodes.definition_list_item("", term, body)
+    return out
 
 
 class ConfigTable(Directive):
-    """``{tformer-config} ModelConfig [prefix]``: the fields of tformer.config.<ModelConfig> as a table."""
+    """``{tformer-config} ModelConfig [prefix]``: the fields of tformer.config.<ModelConfig>, each with its type,
+    default and the comment that explains it in the source."""
 
     required_arguments = 1
     optional_arguments = 1
@@ -96,18 +109,24 @@ class ConfigTable(Directive):
 
         cls = getattr(config, self.arguments[0])
         prefix = self.arguments[1] if len(self.arguments) > 1 else ""
-        comments = field_comments(Path(config.__file__), cls.__name__)
         hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         rows = []
-        for f in dataclasses.fields(cls):
+        for kind, name, text in field_comments(Path(config.__file__), cls.__name__):
+            if kind == "note":
+                rows.append(("", "", "", text))
+                continue
+            f = fields.pop(name)
             if f.default is not dataclasses.MISSING:
                 default = repr(f.default)
-            elif f.default_factory is not dataclasses.MISSING:  # a nested section: see its own table
+            elif f.default_factory is not dataclasses.MISSING:  # a nested section: see its own list
                 default = f"{type(f.default_factory()).__name__}()"
             else:
                 default = "(required)"
-            rows.append([f"{prefix}{f.name}", type_name(hints[f.name]), default, comments.get(f.name, "")])
-        return [_table(["key", "type", "default", "meaning"], rows, [18, 16, 10, 56])]
+            rows.append((f"{prefix}{name}", type_name(hints[name]), default, text))
+        if fields:
+            raise ExtensionError(f"{cls.__name__}: fields the source reader missed: {sorted(fields)}")
+        return _definitions(rows)
 
 
 class RecipeList(Directive):
@@ -176,7 +195,6 @@ def prepare_work_folder(app: Sphinx) -> None:
         data.symlink_to(shared, target_is_directory=True)
     os.environ["TFORMER_DOCS_WORK"] = str(work)  # the kernels the tutorials run in inherit these
     os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
-    os.environ.setdefault("MPLBACKEND", "Agg")
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars are for terminals; a built page shows results
 
 

@@ -238,7 +238,7 @@ def _download(url: str, part: Path, algorithm: str, size: int | None, progress: 
               timeout: float = 60.0) -> str:
     """`url` into `part` (resumed from the bytes already there when the server honours a Range request);
     the digest of the whole file."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipywidgets
 
     h = hashlib.new(algorithm)
     start = part.stat().st_size if part.is_file() else 0

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipywidgets
 
 from tformer.config import DataConfig
 from tformer.data.corpus import (NORMALIZATION, Corpus, FilterReport, _nul_byte, _open, filter_pairs, iter_lines,

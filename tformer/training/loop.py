@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipywidgets
 
 from tformer.config import SPEECH_TASKS, Config, TrainConfig, same_architecture, save_config
 from tformer.convert import open_checkpoint

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 import numpy as np  # noqa: E402
 
 from tformer.inspection import KINDS, AttentionMaps, attention_maps, token_labels  # noqa: E402,F401 (re-exported)

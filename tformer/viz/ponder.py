@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 from tformer.errors import DataError  # noqa: E402
 from tformer.viz.curves import read_metrics  # noqa: E402

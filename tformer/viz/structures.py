@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 import torch  # noqa: E402
-from matplotlib.collections import LineCollection  # noqa: E402
+from matplotlib.collections import LineCollection
 
 from tformer.masks import Graph, bipartite_graph, self_graph  # noqa: E402
 from tformer.structures import FULL, Structure  # noqa: E402
