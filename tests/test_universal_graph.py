@@ -46,6 +46,9 @@ def _pair(cfg: ModelConfig, vocab: int = 20):
     with torch.no_grad():
         for stack in (dense.encoder, dense.decoder):
             stack.halt.weight.normal_(0, 0.5)
+        for module in dense.modules():  # trained-like norms: a bias at padding would show in padded()
+            if isinstance(module, torch.nn.LayerNorm):
+                module.bias.normal_(0, 0.1)
     graph = build_model(dataclasses.replace(cfg, attention="graph"), vocab, vocab).eval()
     graph.load_state_dict(dense.state_dict())
     return dense, graph

@@ -89,9 +89,9 @@ class ModelOutput(NamedTuple):
         return self.hidden[0] if self.packed else self.hidden[self.mask]
 
     def padded(self) -> Tensor:
-        """(B, T, D), zeros at padding."""
+        """(B, T, D), zeros at padding (in either layout: a padded stack's final norm leaves its bias there)."""
         if not self.packed:
-            return self.hidden
+            return self.hidden.masked_fill(~self.mask[..., None], 0.0)
         out = self.hidden.new_zeros(*self.mask.shape, self.hidden.shape[-1])
         out[self.mask] = self.hidden[0]
         return out
