@@ -198,6 +198,16 @@ def prepare_work_folder(app: Sphinx) -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars are for terminals; a built page shows results
 
 
+FIRST = "start/first-model"  # trains the model that later pages load (they train it only if it is missing)
+
+
+def first_model_first(app: Sphinx, env, docnames: list[str]) -> None:
+    """Read (so execute) the page that trains the shared model before every other page."""
+    if FIRST in docnames:
+        docnames.remove(FIRST)
+        docnames.insert(0, FIRST)
+
+
 def check_execution(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
@@ -221,5 +231,6 @@ def setup(app: Sphinx) -> dict:
     app.add_directive("tformer-config", ConfigTable)
     app.add_directive("tformer-recipes", RecipeList)
     app.connect("builder-inited", prepare_work_folder)
+    app.connect("env-before-read-docs", first_model_first)
     app.connect("build-finished", check_execution)
     return {"parallel_read_safe": False, "parallel_write_safe": True}
