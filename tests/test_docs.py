@@ -208,7 +208,11 @@ def test_pages_in_a_real_browser(served, page, figures):
                 missing = [n for n in tformer.__all__[1:] if f"tformer.{n}" not in ids and not n.endswith("Config")]
                 assert not missing, missing
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            tab.screenshot(path=str(ARTIFACTS / f"{page.replace('/', '_')}.png"), full_page=False)
+            shot = ARTIFACTS / f"{page.replace('/', '_')}.png"
+            tab.screenshot(path=str(shot), full_page=False)  # the top of the page
+            if images:  # and its first figure, as a reader scrolling to it sees it
+                tab.locator("article img").first.scroll_into_view_if_needed()
+                tab.screenshot(path=str(shot.with_name(f"{shot.stem}_figure.png")), full_page=False)
         finally:
             browser.close()
     assert not errors, errors

@@ -37,6 +37,7 @@ def main() -> int:
     os.environ["TFORMER_DOCS_WORK"] = str(work)
     os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
     os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # as the build
     nb = read_myst_markdown_notebook(Path(args.page).read_text(encoding="utf-8"), path=args.page)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(work)}})
     start = time.perf_counter()

@@ -195,7 +195,10 @@ def prepare_work_folder(app: Sphinx) -> None:
         data.symlink_to(shared, target_is_directory=True)
     os.environ["TFORMER_DOCS_WORK"] = str(work)  # the kernels the tutorials run in inherit these
     os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
-    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars are for terminals; a built page shows results
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    # figures inline, as in any notebook, whatever the process that started the build chose (the command line
+    # sets MPLBACKEND=Agg for itself, and a test process may have run it)
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # progress bars are for terminals; a built page shows results
 
 
 FIRST = "start/first-model"  # trains the model that later pages load (they train it only if it is missing)
