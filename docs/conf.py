@@ -34,6 +34,8 @@ html_static_path: list[str] = []
 html_use_opensearch = ""
 myst_enable_extensions = ["colon_fence", "deflist"]
 default_role = "code"  # `name` in a docstring reads as code, as in the source
+smartquotes = False  # "--run-dir" stays two hyphens, quotes stay as typed (help texts, docstrings)
+highlight_language = "text"  # usage lines and unmarked blocks are not Python; notebook cells and fences say theirs
 myst_heading_anchors = 3
 suppress_warnings = ["myst.header"]  # RESULTS.md, included as written, starts its sections at level 2
 
