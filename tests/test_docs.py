@@ -241,3 +241,13 @@ def test_the_reference_is_generated_from_the_code(site):
     recipes = (site / "reference" / "recipes.html").read_text(encoding="utf-8")
     for recipe in (ROOT / "tformer" / "recipes").glob("*.yaml"):
         assert f'id="recipe-{recipe.stem}"' in recipes, recipe.stem
+
+
+def test_a_build_without_the_corpus_says_where_to_get_it(tmp_path):
+    """No Multi30k where the build looks: it stops before executing anything, naming the folder and the fix."""
+    env = {**os.environ, "TFORMER_SHARED_DATA": str(tmp_path / "nowhere"), "TFORMER_DOCS_WORK": str(tmp_path / "w")}
+    r = subprocess.run(build_command(tmp_path / "html"), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0
+    assert f"{tmp_path / 'nowhere'}/multi30k" in r.stderr and "tformer data multi30k" in r.stderr
+    assert not (tmp_path / "w" / "runs").exists() or not any((tmp_path / "w" / "runs").iterdir())

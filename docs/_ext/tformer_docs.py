@@ -189,9 +189,10 @@ def prepare_work_folder(app: Sphinx) -> None:
     shared = Path(os.environ.get("TFORMER_SHARED_DATA") or ROOT.parent / "shared" / "data").resolve()
     data = work / "data"
     if not data.exists():
-        if not shared.is_dir():
-            raise ExtensionError(f"the tutorials read the offline corpora, not found at {shared}: set "
-                                 "TFORMER_SHARED_DATA to the shared/data folder")
+        if not (shared / "multi30k").is_dir():
+            raise ExtensionError(f"the tutorials read Multi30k from {shared}/multi30k, which does not exist: set "
+                                 "TFORMER_SHARED_DATA to a folder holding multi30k/ (the offline shared/data, or "
+                                 "DIR after `tformer data multi30k --out DIR/multi30k`)")
         data.symlink_to(shared, target_is_directory=True)
     os.environ["TFORMER_DOCS_WORK"] = str(work)  # the kernels the tutorials run in inherit these
     os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
