@@ -10,7 +10,6 @@ exits with status 1 when a cell raises. The full build (``python -m sphinx -W do
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import nbformat
 from myst_nb.core.read import read_myst_markdown_notebook
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+from tformer_docs import use_work_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,14 +30,7 @@ def main() -> int:
     p.add_argument("--quiet", action="store_true", help="print only errors and timings")
     args = p.parse_args()
     work = Path(args.work).resolve()
-    (work / "runs").mkdir(parents=True, exist_ok=True)
-    shared = Path(os.environ.get("TFORMER_SHARED_DATA") or ROOT.parent / "shared" / "data").resolve()
-    if not (work / "data").exists():
-        (work / "data").symlink_to(shared, target_is_directory=True)
-    os.environ["TFORMER_DOCS_WORK"] = str(work)
-    os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # as the build
+    use_work_folder(work)
     nb = read_myst_markdown_notebook(Path(args.page).read_text(encoding="utf-8"), path=args.page)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(work)}})
     start = time.perf_counter()

@@ -180,10 +180,10 @@ def rst_parser():
     return parser
 
 
-def prepare_work_folder(app: Sphinx) -> None:
-    given = os.environ.get("TFORMER_DOCS_WORK")
-    work = Path(given or Path(app.outdir).parent / "work").resolve()
-    if not given and app.config.nb_execution_mode == "force" and (work / "runs").is_dir():
+def use_work_folder(work: Path, fresh: bool = False) -> None:
+    """Make `work` the folder the pages run in (``runs/`` emptied when `fresh`, ``data/`` linked to the corpora)
+    and set the environment the kernels inherit."""
+    if fresh and (work / "runs").is_dir():
         shutil.rmtree(work / "runs")  # every build trains its models afresh, as the pages say
     (work / "runs").mkdir(parents=True, exist_ok=True)
     shared = Path(os.environ.get("TFORMER_SHARED_DATA") or ROOT.parent / "shared" / "data").resolve()
@@ -194,12 +194,18 @@ def prepare_work_folder(app: Sphinx) -> None:
                                  "TFORMER_SHARED_DATA to a folder holding multi30k/ (the offline shared/data, or "
                                  "DIR after `tformer data multi30k --out DIR/multi30k`)")
         data.symlink_to(shared, target_is_directory=True)
-    os.environ["TFORMER_DOCS_WORK"] = str(work)  # the kernels the tutorials run in inherit these
+    os.environ["TFORMER_DOCS_WORK"] = str(work)
     os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars are for terminals; a built page shows results
     # figures inline, as in any notebook, whatever the process that started the build chose (the command line
     # sets MPLBACKEND=Agg for itself, and a test process may have run it)
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # progress bars are for terminals; a built page shows results
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+
+
+def prepare_work_folder(app: Sphinx) -> None:
+    given = os.environ.get("TFORMER_DOCS_WORK")
+    work = Path(given or Path(app.outdir).parent / "work").resolve()
+    use_work_folder(work, fresh=not given and app.config.nb_execution_mode == "force")
 
 
 FIRST = "start/first-model"  # trains the model that later pages load (they train it only if it is missing)
