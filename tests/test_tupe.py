@@ -229,7 +229,7 @@ def test_tupe_beam_and_greedy_same_on_graph_and_dense():
         assert x == pytest.approx(y, abs=1e-4)
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "tupe", "tupe-r"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi"])
 def test_sequences_longer_than_every_table_run(positions):
     torch.manual_seed(8)
     cfg = _cfg(positions=positions, max_positions=16, relative_buckets=8, relative_max_distance=8)
@@ -287,7 +287,7 @@ def test_frame_encoder_rejects_wrong_shapes():
         m.encode(torch.ones(2, 5, dtype=torch.long), torch.tensor([5, 5]))
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "tupe", "tupe-r"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi"])
 def test_long_feature_sequence_beyond_every_table_runs(positions):
     torch.manual_seed(10)
     cfg = _cfg(source="features", feature_dim=80, frame_stack=4, frame_skip=3, positions=positions,

@@ -59,17 +59,20 @@ class ModelConfig:
     activation: Literal["relu", "gelu", "silu"] = "relu"  # silu: swish, x sigmoid(x) (Marian's OPUS-MT models)
     norm: Literal["post", "pre"] = "post"  # post: the paper; pre: Annotated Transformer / DGL (+ final norm)
     layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm (Marian's imported models: 1e-6)
-    positions: Literal["sinusoidal", "learned", "tupe", "tupe-r"] = "sinusoidal"  # encoder and decoder; tupe:
-    # position-position correlations added to the self-attention scores (see tformer.positions)
-    decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r"] = ""  # "" = as model.positions
+    positions: Literal["sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "none"] = "sinusoidal"
+    # encoder and decoder; sinusoidal, learned: added to the embeddings; tupe, tupe-r, relative (T5's buckets, no
+    # absolute term), alibi (a linear distance penalty): added to the self-attention scores; none: no positions
+    # (a causal decoder only). See tformer.positions
+    decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "none"] = ""
+    # the decoder's own scheme; "" = as model.positions
     sinusoid: Literal["interleaved", "halves", "marian"] = "interleaved"  # the sinusoidal table's layout: the
     # paper's (sin, cos interleaved), Hugging Face MarianMT's (sines, then cosines) or Marian's C++ (sines, then
     # cosines, other frequencies); see tformer.positions.sinusoidal_table
     scale_embedding: bool = True  # token embeddings x sqrt(d_model) before positions are added (the paper)
     max_positions: int = 1024  # rows of a learned table (learned, tupe); later positions reuse the last row
     untie_first: bool = False  # tupe: learned bias values for the first token's row and column ([CLS] reset)
-    relative_buckets: int = 32  # tupe-r: buckets of relative distance (bidirectional: half per direction)
-    relative_max_distance: int = 128  # tupe-r: distances from here on share the last bucket
+    relative_buckets: int = 32  # tupe-r, relative: buckets of relative distance (bidirectional: half per direction)
+    relative_max_distance: int = 128  # tupe-r, relative: distances from here on share the last bucket
     source: Literal["tokens", "features"] = "tokens"  # encoder input: token ids, or float frames (B, S, F)
     feature_dim: int = 80  # features: F, the values per input frame
     frame_stack: int = 1  # features: consecutive frames concatenated into one model frame
@@ -101,6 +104,10 @@ class ModelConfig:
             _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
         _check(self.max_steps >= 1, "model.max_steps", f"must be >= 1, got {self.max_steps}")
         _check(0.0 < self.act_epsilon < 1.0, "model.act_epsilon", f"must be in (0, 1), got {self.act_epsilon}")
+        _check(self.side_positions("encoder") != "none", "model.positions",
+               "'none' leaves the encoder without positions: self-attention without a causal mask is "
+               "permutation-equivariant, so it would read a sentence as a bag of tokens; use positions 'none' "
+               "for the decoder only (model.decoder_positions=none), whose causal mask lets it infer order")
         _check(self.relative_buckets >= 4, "model.relative_buckets", f"must be >= 4, got {self.relative_buckets}")
         _check(self.relative_max_distance > self.relative_buckets // 2, "model.relative_max_distance",
                f"must exceed relative_buckets // 2 = {self.relative_buckets // 2} (the exact buckets), "

@@ -7,6 +7,12 @@
                 LayerNorm'd position vectors p, computed once per forward and shared by all layers (the
                 content scores are scaled by 1/sqrt(2 Dh) too); optionally the first token is untied
     tupe-r      TUPE-A plus a learned bias per head and bucket of relative distance (T5's buckets)
+    relative    T5's relative bias alone (Raffel et al. 2020): a learned value per head and distance bucket, no
+                absolute term anywhere, so nothing depends on where a sentence starts
+    alibi       ALiBi (Press, Smith and Lewis 2022): no parameters; head h adds -m_h |i - j| to every score, with
+                the paper's geometric slopes m_h (causal in the decoder, where later keys are masked anyway)
+    none        no positions at all: a causal decoder can still infer them (Haviv et al. 2022); refused in an
+                encoder, which would read a bag of tokens
 
 How each extends past its table (speech frames run into thousands of positions):
     sinusoidal  exactly: the formula holds at every position (the cached table grows on demand)
@@ -14,6 +20,8 @@ How each extends past its table (speech frames run into thousands of positions):
     tupe        the same for the absolute vectors p: past the table the position-position term is constant
     tupe-r      distances >= relative_max_distance share the last bucket by construction, so the relative
                 term is defined at every length; the absolute term extends as for tupe
+    relative    at every length, like tupe-r's relative term
+    alibi       exactly: the penalty is a formula of the distance
 
 Notation: L length, D model dim, H heads, Dh = D / H.
 """
@@ -188,25 +196,74 @@ class TupeBias(nn.Module):
         return bias
 
 
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's slopes (Press et al. 2022, their code): for H a power of two, m_h = 2^(-8 (h + 1) / H), a geometric
+    sequence from 2^(-8/H) down to 2^-8; otherwise the slopes of the power of two below H, then every other slope
+    of twice that power until there are H. (H,) float32."""
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    below = 2 ** int(math.floor(math.log2(n_heads)))
+    slopes = power_of_two(below) + power_of_two(2 * below)[0::2][: n_heads - below]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBiBias(nn.Module):
+    """ALiBi: forward(Lq, Lk, q_offset) -> (H, Lq, Lk), bias[h, i, j] = -m_h |(q_offset + i) - j|. No weights: the
+    slopes are a buffer, not saved (a checkpoint of an ALiBi model holds nothing for its positions)."""
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def forward(self, n_queries: int, n_keys: int, q_offset: int = 0) -> Tensor:
+        q_pos = torch.arange(q_offset, q_offset + n_queries, device=self.slopes.device)  # (Lq,)
+        k_pos = torch.arange(n_keys, device=self.slopes.device)  # (Lk,)
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Lq, Lk)
+        return -self.slopes[:, None, None] * distance  # (H, Lq, Lk)
+
+
+class RelativeOnlyBias(nn.Module):
+    """T5's relative attention bias with no absolute term: forward(Lq, Lk, q_offset) -> (H, Lq, Lk)."""
+
+    def __init__(self, relative: RelativeBias) -> None:
+        super().__init__()
+        self.relative = relative
+
+    def forward(self, n_queries: int, n_keys: int, q_offset: int = 0) -> Tensor:
+        device = self.relative.values.weight.device
+        q_pos = torch.arange(q_offset, q_offset + n_queries, device=device)  # (Lq,)
+        return self.relative(q_pos, torch.arange(n_keys, device=device))  # (H, Lq, Lk)
+
+
 TUPE = ("tupe", "tupe-r")
+ADDED = ("sinusoidal", "learned")  # positions added to the embeddings
+BIASES = (*TUPE, "relative", "alibi")  # positions added to the self-attention scores
+SCHEMES = (*ADDED, *BIASES, "none")
 
 
 def build_positions(kind: str, d_model: int, max_positions: int,
                     sinusoid: str = "interleaved") -> nn.Module | None:
-    """The module that adds positions to embeddings; None for TUPE (positions enter as attention bias)."""
+    """The module that adds positions to embeddings; None when positions enter as an attention bias, or not at
+    all."""
     if kind == "sinusoidal":
         return SinusoidalPositions(d_model, layout=sinusoid)
     if kind == "learned":
         return LearnedPositions(d_model, max_positions)
-    if kind in TUPE:
+    if kind in (*BIASES, "none"):
         return None
-    raise ValueError(f"unknown positions '{kind}'; choose sinusoidal, learned, tupe or tupe-r")
+    raise ValueError(f"unknown positions '{kind}'; choose one of {', '.join(SCHEMES)}")
 
 
 def build_attention_bias(kind: str, d_model: int, n_heads: int, max_positions: int, untie_first: bool,
-                         buckets: int, max_distance: int, causal: bool) -> TupeBias | None:
-    """TUPE's bias module for one side (None for the added schemes)."""
-    if kind not in TUPE:
-        return None
-    relative = RelativeBias(n_heads, buckets, max_distance, not causal) if kind == "tupe-r" else None
-    return TupeBias(d_model, n_heads, max_positions, untie_first, relative)
+                         buckets: int, max_distance: int, causal: bool) -> nn.Module | None:
+    """The positional bias module of one side: forward(Lq, Lk, q_offset) -> (H, Lq, Lk); None for the schemes
+    added to the embeddings, and for none."""
+    if kind in TUPE:
+        relative = RelativeBias(n_heads, buckets, max_distance, not causal) if kind == "tupe-r" else None
+        return TupeBias(d_model, n_heads, max_positions, untie_first, relative)
+    if kind == "relative":
+        return RelativeOnlyBias(RelativeBias(n_heads, buckets, max_distance, not causal))
+    if kind == "alibi":
+        return ALiBiBias(n_heads)
+    return None

@@ -1,7 +1,7 @@
 """The encoder-decoder Transformer ("Attention Is All You Need"), as a composition:
 
     src_embed, tgt_embed   tokens or frames, with absolute positions (tformer.model.embeddings)
-    src_bias, tgt_bias     TUPE's positional attention bias, computed once per forward (tformer.positions)
+    src_bias, tgt_bias     the positional attention bias (TUPE, relative, ALiBi), once per forward (tformer.positions)
     encoder, decoder       a stack of layers (tformer.model.stack) or the universal transformer's ACT stack:
                            one shared layer with per-position halting (tformer.model.act)
     generator              the output projection
@@ -46,7 +46,7 @@ from tformer.model.embeddings import Embeddings, FrameEmbeddings
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout, Packed, Padded, Step
 from tformer.model.stack import LayerStack, Side, final_norm
-from tformer.positions import TupeBias, build_attention_bias, build_positions
+from tformer.positions import build_attention_bias, build_positions
 from tformer.structures import Structure, build_structure
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class Transformer(nn.Module):
         self.tgt_embed = Embeddings(tgt_tokens, tgt_positions, cfg.dropout, once, cfg.scale_embedding)
         bias = dict(d_model=D, n_heads=cfg.n_heads, max_positions=cfg.max_positions, untie_first=cfg.untie_first,
                     buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
-        self.src_bias = build_attention_bias(enc_kind, causal=False, **bias)  # TUPE, else None
+        self.src_bias = build_attention_bias(enc_kind, causal=False, **bias)  # TUPE, relative, ALiBi; else None
         self.tgt_bias = build_attention_bias(dec_kind, causal=True, **bias)
         self.encoder = build_stack(cfg, "encoder")
         self.decoder = build_stack(cfg, "decoder")
@@ -165,7 +165,7 @@ class Transformer(nn.Module):
         return (Packed if self.packed else Padded)(lengths, length)
 
     def _side(self, embed: Embeddings | FrameEmbeddings, inputs: Tensor, layout: Layout, structure: Structure,
-              causal: bool, bias: TupeBias | None) -> Side:
+              causal: bool, bias: nn.Module | None) -> Side:
         """What every encoder or decoder reads: embeddings at their positions in `layout`, its self-attention
         structure and TUPE's bias (over the longest sentence: padded width, or the longest packed one)."""
         e = embed(layout.take(inputs), layout.positions())

@@ -1,0 +1,160 @@
+"""Positions as an attention bias beyond TUPE: T5's relative buckets alone, ALiBi, and no positions in the decoder.
+Oracles: the ALiBi paper's slopes and formula written out, Hugging Face T5's bucketing, the uncached forward
+(every decoding step), the dense kernel (graph and SDPA), each sentence alone (batching)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tformer.api import build_model
+from tformer.config import ModelConfig
+from tformer.errors import ConfigError
+from tformer.export import check_exportable
+from tformer.positions import ALiBiBias, RelativeBias, RelativeOnlyBias, alibi_slopes, relative_bucket
+
+SCHEMES = [("relative", ""), ("alibi", ""), ("sinusoidal", "none"), ("alibi", "relative"), ("relative", "none")]
+
+
+def _cfg(positions: str, decoder_positions: str = "", **kw) -> ModelConfig:
+    base = dict(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                attention_dropout=0.0, ffn_dropout=0.0, positions=positions, decoder_positions=decoder_positions,
+                relative_buckets=8, relative_max_distance=6)
+    return ModelConfig(**{**base, **kw})
+
+
+def _batch(lengths: list[int], seed: int, vocab: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (len(lengths), max(lengths)), generator=g)
+    lens = torch.tensor(lengths)
+    ids[torch.arange(max(lengths))[None] >= lens[:, None]] = 0
+    return ids, lens
+
+
+# ------------------------------------------------------------------------------------------ the formulas
+
+
+def paper_slopes(n: int) -> list[float]:
+    """ALiBi's get_slopes, as the paper's code writes it (ofirpress/attention_with_linear_biases)."""
+    import math
+
+    def power_of_2(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        return [start * start ** i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + paper_slopes(2 * closest)[0::2][: n - closest]
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 4, 6, 8, 12, 16])
+def test_alibi_slopes_are_the_papers(heads):
+    assert alibi_slopes(heads).tolist() == pytest.approx(paper_slopes(heads), rel=1e-7)
+    if heads == 8:
+        assert alibi_slopes(8).tolist() == [2.0 ** -k for k in range(1, 9)]  # 1/2 ... 1/256, the paper's example
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    bias = ALiBiBias(4)
+    m = alibi_slopes(4)
+    full = bias(5, 5)  # (H, Lq, Lk)
+    step = bias(1, 5, q_offset=4)  # a decoding step: the query at position 4
+    for h in range(4):
+        for i in range(5):
+            for j in range(5):
+                assert full[h, i, j] == pytest.approx(-m[h] * abs(i - j))
+            assert step[h, 0, i] == pytest.approx(-m[h] * (4 - i))
+    assert not list(bias.state_dict())  # nothing to save: a formula
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_buckets_equal_hugging_face_t5(bidirectional):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    distance = torch.arange(-200, 201)  # key - query
+    for buckets, max_distance in ((32, 128), (8, 6), (16, 40)):
+        want = T5Attention._relative_position_bucket(distance, bidirectional=bidirectional, num_buckets=buckets,
+                                                     max_distance=max_distance)
+        assert torch.equal(relative_bucket(distance, bidirectional, buckets, max_distance), want)
+
+
+def test_relative_bias_has_no_absolute_term():
+    """bias[h, i, j] = value[bucket(j - i), h]: shifting queries and keys together changes nothing."""
+    torch.manual_seed(0)
+    bias = RelativeOnlyBias(RelativeBias(4, 8, 6, bidirectional=True))
+    full = bias(12, 12)
+    for i in range(12):
+        for j in range(12):
+            b = relative_bucket(torch.tensor(j - i), True, 8, 6)
+            torch.testing.assert_close(full[:, i, j], bias.relative.values.weight[b])
+    torch.testing.assert_close(full[:, 3:, 3:], full[:, :-3, :-3])
+    torch.testing.assert_close(bias(1, 9, q_offset=8)[:, 0], full[:, 8, :9])
+
+
+# ------------------------------------------------------------------------------------------ settings
+
+
+def test_no_positions_in_an_encoder_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="model.positions.*bag of tokens.*decoder_positions=none"):
+        _cfg("none")
+    _cfg("sinusoidal", "none")  # a decoder may
+
+
+@pytest.mark.parametrize("positions,decoder", [("alibi", ""), ("relative", ""), ("sinusoidal", "none")])
+def test_export_refuses_them_by_name(positions, decoder):
+    with pytest.raises(ConfigError, match=f"{decoder or positions}"):
+        check_exportable(_cfg(positions, decoder))
+
+
+# ------------------------------------------------------------------------------------------ in the model
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "universal"])
+@pytest.mark.parametrize("attention", ["dense", "sdpa", "graph"])
+@pytest.mark.parametrize("positions,decoder", SCHEMES)
+def test_decoding_steps_equal_the_full_forward(positions, decoder, attention, kind):
+    torch.manual_seed(1)
+    m = build_model(_cfg(positions, decoder, attention=attention, kind=kind), 20, 20).eval()
+    src, sl = _batch([7, 4], seed=2)
+    tgt, tl = _batch([6, 3], seed=3)
+    with torch.no_grad():
+        full = m.generator(m(src, sl, tgt, tl).padded())  # (B, T, V)
+        cache = m.init_cache(m.encode(src, sl))
+        for t in range(6):
+            logits, cache = m.decode_step(tgt[:, t], cache)
+            real = t < tl  # (B,)
+            torch.testing.assert_close(logits[real], full[real, t], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "universal"])
+@pytest.mark.parametrize("positions,decoder", SCHEMES)
+def test_graph_and_sdpa_equal_dense_and_batching_changes_nothing(positions, decoder, kind):
+    torch.manual_seed(4)
+    dense = build_model(_cfg(positions, decoder, attention="dense", kind=kind), 20, 20).eval()
+    src, sl = _batch([9, 2, 5, 7, 1, 4, 6], seed=5)
+    tgt, tl = _batch([7, 1, 4, 3, 2, 6, 5], seed=6)
+    with torch.no_grad():
+        want = dense(src, sl, tgt, tl).real()  # (Nt, D)
+        for attention in ("sdpa", "graph"):
+            other = build_model(dataclasses.replace(dense.cfg, attention=attention), 20, 20).eval()
+            other.load_state_dict(dense.state_dict())
+            torch.testing.assert_close(other(src, sl, tgt, tl).real(), want, rtol=1e-5, atol=2e-5)
+        alone = torch.cat([dense(src[i:i + 1, :sl[i]], sl[i:i + 1], tgt[i:i + 1, :tl[i]], tl[i:i + 1]).real()
+                           for i in range(7)])  # batch 1, seven times
+        torch.testing.assert_close(alone, want, rtol=1e-5, atol=2e-5)
+
+
+def test_decoder_without_positions_still_tells_order_apart():
+    """A causal decoder with no positions is not blind to order: the same tokens in another order give other
+    states (the prefix each position sees differs); an encoder without positions would not tell them apart."""
+    torch.manual_seed(2)
+    m = build_model(_cfg("sinusoidal", "none"), 20, 20).eval()
+    src, sl = _batch([5], seed=7)
+    tgt = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        a = m(src, sl, tgt, torch.tensor([4])).real()
+        b = m(src, sl, tgt.flip(1), torch.tensor([4])).real()
+    assert not torch.allclose(a, b.flip(0), atol=1e-4)
