@@ -59,6 +59,13 @@ class ModelConfig:
     activation: Literal["relu", "gelu", "silu"] = "relu"  # silu: swish, x sigmoid(x) (Marian's OPUS-MT models)
     norm: Literal["post", "pre"] = "post"  # post: the paper; pre: Annotated Transformer / DGL (+ final norm)
     layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm (Marian's imported models: 1e-6)
+    norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"  # the residual branches' norms and the final one;
+    # rmsnorm: x / sqrt(mean(x^2) + eps) * g, no centring and no bias (Zhang and Sennrich 2019)
+    ffn: Literal["standard", "glu"] = "standard"  # glu: (activation(x W) * x V) W2, a gated FFN (Shazeer 2020):
+    # SwiGLU with activation silu, GEGLU with gelu; W and V are d_ff wide each (d_ff = 2/3 of 4 d_model keeps
+    # the parameter count of a standard FFN 4 d_model wide)
+    qk_norm: bool = False  # RMSNorm (with a learned gain) on every head's queries and keys before their dot
+    # product, in self- and cross-attention (QK-norm, Dehghani et al. 2023): bounded scores, steadier training
     positions: Literal["sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "none"] = "sinusoidal"
     # encoder and decoder; sinusoidal, learned: added to the embeddings; tupe, tupe-r, relative (T5's buckets, no
     # absolute term), alibi (a linear distance penalty): added to the self-attention scores; none: no positions

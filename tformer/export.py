@@ -41,6 +41,10 @@ def check_exportable(cfg: ModelConfig) -> None:
         problems.append(f"model.kind={cfg.kind} (ACT halting has no CTranslate2 counterpart)")
     if cfg.source != "tokens":
         problems.append("model.source=features (a frame encoder)")
+    for key, value, default in (("norm_layer", cfg.norm_layer, "layernorm"), ("ffn", cfg.ffn, "standard"),
+                                ("qk_norm", cfg.qk_norm, False)):
+        if value != default:
+            problems.append(f"model.{key}={value}")
     for side in ("encoder", "decoder"):
         if cfg.side_positions(side) not in ("sinusoidal", "learned"):
             problems.append(f"{side} positions {cfg.side_positions(side)} (an attention bias)")

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from tformer.attention.kvbuffer import KVBuffer
 from tformer.attention.registry import get_kernel
+from tformer.norms import RMSNorm
 
 
 class AttentionOutput(NamedTuple):
@@ -31,13 +32,17 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, kernel: str = "sdpa",
-                 scale: float | None = None) -> None:
+                 scale: float | None = None, qk_norm: bool = False) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
         self.scale = scale  # of q . k; None = 1 / sqrt(Dh) (TUPE: 1 / sqrt(2 Dh))
+        # QK-norm: each head's queries and keys RMS-normalised over Dh (one learned gain per side, shared by the
+        # heads) before their dot product; keys are cached normalised
+        self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.int8: nn.ModuleDict | None = None  # the parts as dynamic int8 layers (quantize_int8)
@@ -86,7 +91,13 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of `memory` (B, S, D): computed once per sentence for cross-attention."""
         k, v = self.project(memory, "kv").chunk(2, dim=-1)  # (B, S, D) each
-        return self._split(k), self._split(v)  # (B, H, S, Dh) each
+        return self._keys(self._split(k)), self._split(v)  # (B, H, S, Dh) each
+
+    def _queries(self, q: Tensor) -> Tensor:
+        return q if self.q_norm is None else self.q_norm(q)  # (B, H, T, Dh)
+
+    def _keys(self, k: Tensor) -> Tensor:
+        return k if self.k_norm is None else self.k_norm(k)  # (B, H, S, Dh)
 
     def forward(
         self,
@@ -107,14 +118,14 @@ class MultiHeadAttention(nn.Module):
         D = self.d_model
         if memory is None and static_kv is None:
             q, k, v = self.project(query, "qkv").chunk(3, dim=-1)  # (B, T, D) each
-            q, k, v = self._split(q), self._split(k), self._split(v)  # (B, H, T, Dh)
+            q, k, v = self._queries(self._split(q)), self._keys(self._split(k)), self._split(v)  # (B, H, T, Dh)
             if isinstance(past, KVBuffer):
                 k, v = past.append(k, v)  # (B, H, S, Dh), S = past + 1
             elif past is not None:
                 k = torch.cat([past[0], k], dim=2)  # (B, H, S, Dh), S = past + T
                 v = torch.cat([past[1], v], dim=2)
         else:
-            q = self._split(self.project(query, "q"))  # (B, H, T, Dh)
+            q = self._queries(self._split(self.project(query, "q")))  # (B, H, T, Dh)
             k, v = static_kv if static_kv is not None else self.project_kv(memory)  # (B, H, S, Dh)
         p = self.dropout if self.training else 0.0
         out, weights = self.kernel(q, k, v, mask=mask, bias=bias, dropout_p=p, scale=self.scale,

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from tformer.attention import MultiHeadAttention
 from tformer.config import ModelConfig
 from tformer.dropout import Dropout
+from tformer.norms import build_norm
 from tformer.positions import TUPE
 
 if TYPE_CHECKING:
@@ -29,24 +30,35 @@ def self_attention_scale(cfg: ModelConfig, side: str) -> float | None:
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: linear (D -> F), activation, dropout, linear (F -> D)."""
+    """Position-wise FFN: linear (D -> F), activation, dropout, linear (F -> D). Gated (`glu`): linear1 gives
+    (D -> 2F) the two halves a (x W) and b (x V), and the FFN is linear2(dropout(activation(a) * b))."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str, dropout: float, glu: bool = False) -> None:
         super().__init__()
-        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.glu = glu
+        self.linear1 = nn.Linear(d_model, 2 * d_ff if glu else d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}[activation]
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, D)
+        h = self.linear1(x)  # (B, L, F) or (B, L, 2F)
+        if self.glu:
+            a, b = h.chunk(2, dim=-1)  # (B, L, F) each
+            return self.linear2(self.dropout(self.activation(a) * b))  # (B, L, D)
+        return self.linear2(self.dropout(self.activation(h)))  # (B, L, D)
+
+
+def feed_forward(cfg: ModelConfig) -> FeedForward:
+    return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.ffn_dropout, cfg.ffn == "glu")
 
 
 class Residual(nn.Module):
-    """A sublayer's residual connection and its LayerNorm, placed before (pre) or after (post)."""
+    """A sublayer's residual connection and its norm, placed before (pre) or after (post)."""
 
-    def __init__(self, d_model: int, norm: str, eps: float, dropout: float) -> None:
+    def __init__(self, d_model: int, norm: str, eps: float, dropout: float, norm_layer: str = "layernorm") -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = build_norm(norm_layer, d_model, eps)
         self.pre = norm == "pre"
         self.dropout = Dropout(dropout)
 
@@ -65,10 +77,10 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d, eps = cfg.d_model, cfg.layer_norm_eps
         self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
-                                            self_attention_scale(cfg, "encoder"))
-        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.ffn_dropout)
-        self.res_attn = Residual(d, cfg.norm, eps, cfg.dropout)
-        self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout)
+                                            self_attention_scale(cfg, "encoder"), cfg.qk_norm)
+        self.ffn = feed_forward(cfg)
+        self.res_attn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
+        self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
 
     def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The self-attention keys and values that rows x (B, S, D) offer: (B, H, S, Dh) each."""
@@ -99,12 +111,13 @@ class DecoderLayer(nn.Module):
         super().__init__()
         d, eps = cfg.d_model, cfg.layer_norm_eps
         self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
-                                            self_attention_scale(cfg, "decoder"))
-        self.cross_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention)
-        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation, cfg.ffn_dropout)
-        self.res_self = Residual(d, cfg.norm, eps, cfg.dropout)
-        self.res_cross = Residual(d, cfg.norm, eps, cfg.dropout)
-        self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout)
+                                            self_attention_scale(cfg, "decoder"), cfg.qk_norm)
+        self.cross_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
+                                             qk_norm=cfg.qk_norm)
+        self.ffn = feed_forward(cfg)
+        self.res_self = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
+        self.res_cross = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
+        self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
 
     def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The self-attention keys and values that rows x (B, T, D) offer: (B, H, T, Dh) each."""

@@ -23,6 +23,7 @@ from tformer.masks import Graph, PositionBias
 from tformer.model.cache import DecoderCache
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout
+from tformer.norms import build_norm
 
 if TYPE_CHECKING:
     from tformer.model.act import Ponder
@@ -51,8 +52,8 @@ class Decoded(NamedTuple):
     ponder: "Ponder | None" = None
 
 
-def final_norm(cfg_norm: str, d_model: int, eps: float) -> nn.Module:
-    return nn.LayerNorm(d_model, eps=eps) if cfg_norm == "pre" else nn.Identity()
+def final_norm(cfg_norm: str, d_model: int, eps: float, norm_layer: str = "layernorm") -> nn.Module:
+    return build_norm(norm_layer, d_model, eps) if cfg_norm == "pre" else nn.Identity()
 
 
 class LayerStack(nn.Module):

@@ -100,7 +100,7 @@ class ModelOutput(NamedTuple):
 def build_stack(cfg: ModelConfig, side: str) -> LayerStack | ACTStack:
     """The encoder or decoder `cfg.kind` asks for: a stack of layers, or one shared layer with ACT halting."""
     layer = EncoderLayer if side == "encoder" else DecoderLayer
-    norm = final_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps)
+    norm = final_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps, cfg.norm_layer)
     if cfg.kind == "universal":
         return ACTStack(layer(cfg), norm, cfg.d_model, cfg.max_steps, cfg.act_epsilon, cfg.act_bias_init)
     return LayerStack([layer(cfg) for _ in range(getattr(cfg, f"{side}_layers"))], norm)
