@@ -1,6 +1,7 @@
-"""Modern blocks as options: RMSNorm, gated FFNs (SwiGLU, GEGLU), QK-norm. Oracles: their formulas written out
-from first principles (and torch.nn.RMSNorm where this torch has it), the uncached forward, the dense kernel,
-each sentence alone; defaults unchanged."""
+"""Modern blocks as options: RMSNorm, gated FFNs (SwiGLU, GEGLU), QK-norm, grouped-query and multi-query attention.
+Oracles: their formulas written out from first principles (and torch.nn.RMSNorm where this torch has it),
+multi-head attention with the key/value heads copied per group, the uncached forward, the dense kernel, each
+sentence alone; defaults unchanged."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from tformer.norms import RMSNorm
 
 OPTIONS = [dict(norm_layer="rmsnorm"), dict(norm_layer="rmsnorm", norm="pre"), dict(ffn="glu", activation="silu"),
            dict(ffn="glu", activation="gelu"), dict(qk_norm=True),
-           dict(norm_layer="rmsnorm", norm="pre", ffn="glu", activation="silu", qk_norm=True)]
+           dict(kv_heads=1), dict(kv_heads=2),
+           dict(norm_layer="rmsnorm", norm="pre", ffn="glu", activation="silu", qk_norm=True, kv_heads=2)]
 
 
 def _cfg(**kw) -> ModelConfig:
@@ -95,6 +97,50 @@ def test_qk_norm_attention_is_its_formula():
         torch.testing.assert_close(got.out, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_grouped_query_attention_is_multi_head_with_each_groups_keys_copied(kv_heads):
+    """G key/value heads = multi-head attention whose key and value heads h are copies of the G heads' h // (H/G);
+    with G = H it is multi-head attention itself."""
+    torch.manual_seed(6)
+    gqa = MultiHeadAttention(16, 4, kernel="dense", kv_heads=kv_heads).eval()
+    mha = MultiHeadAttention(16, 4, kernel="dense").eval()
+    group, Dh = 4 // kv_heads, 4
+    with torch.no_grad():
+        W, b = gqa.in_proj.weight, gqa.in_proj.bias
+        kw, kb = W[16:16 + kv_heads * Dh], b[16:16 + kv_heads * Dh]
+        vw, vb = W[16 + kv_heads * Dh:], b[16 + kv_heads * Dh:]
+        copies = torch.arange(4).div(group, rounding_mode="floor")  # the key/value head of each query head
+        rows = (copies[:, None] * Dh + torch.arange(Dh)).reshape(-1)  # (H Dh,)
+        mha.in_proj.weight.copy_(torch.cat([W[:16], kw[rows], vw[rows]]))
+        mha.in_proj.bias.copy_(torch.cat([b[:16], kb[rows], vb[rows]]))
+        mha.out_proj.load_state_dict(gqa.out_proj.state_dict())
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    for args in ((x,), (x, memory)):
+        got, want = gqa(*args, mask=mask if len(args) == 1 else None), mha(*args, mask=mask if len(args) == 1 else None)
+        torch.testing.assert_close(got.out, want.out, rtol=1e-5, atol=1e-6)
+        assert got.kv[0].shape[1] == kv_heads  # what a cache keeps: G heads
+    assert gqa.in_proj.weight.shape == (16 + 2 * kv_heads * Dh, 16)
+
+
+def test_the_decoders_cache_holds_the_key_value_heads_only():
+    torch.manual_seed(7)
+    m = build_model(_cfg(kv_heads=1), 20, 20).eval()
+    src, sl = _batch([5, 3], seed=1)
+    with torch.no_grad():
+        cache = m.init_cache(m.encode(src, sl))
+        _, cache = m.decode_step(torch.tensor([1, 1]), cache)
+        _, cache = m.decode_step(torch.tensor([5, 6]), cache)
+    k, v = cache.self_kv[0]
+    assert k.shape[1] == v.shape[1] == 1 and k.shape[2] == 2  # (N, G, t, Dh)
+    assert cache.cross[0][0].shape[1] == 1
+
+
+def test_kv_heads_must_divide_the_heads():
+    with pytest.raises(ConfigError, match="'model.kv_heads': must divide model.n_heads=4"):
+        _cfg(kv_heads=3)
+
+
 def test_defaults_are_unchanged():
     m = build_model(_cfg(), 20, 20)
     assert isinstance(m.encoder.layers[0].res_attn.norm, torch.nn.LayerNorm)
@@ -102,7 +148,7 @@ def test_defaults_are_unchanged():
     assert not [k for k in m.state_dict() if "q_norm" in k or "k_norm" in k]
 
 
-@pytest.mark.parametrize("option", [dict(norm_layer="rmsnorm"), dict(ffn="glu"), dict(qk_norm=True)])
+@pytest.mark.parametrize("option", [dict(norm_layer="rmsnorm"), dict(ffn="glu"), dict(qk_norm=True), dict(kv_heads=2)])
 def test_export_refuses_them_by_name(option):
     key, value = next(iter(option.items()))
     with pytest.raises(ConfigError, match=f"model.{key}={value}"):

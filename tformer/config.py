@@ -50,6 +50,8 @@ class StructureConfig:
 class ModelConfig:
     d_model: int = 256  # D: the width of embeddings, attention and every residual stream
     n_heads: int = 4  # H: attention heads per layer (d_model must be a multiple)
+    kv_heads: int = 0  # G: key/value heads, each shared by n_heads / G query heads (grouped-query attention;
+    # 1: multi-query); 0 = n_heads, plain multi-head. The decoder's cache holds G heads, not n_heads
     d_ff: int = 1024  # the feed-forward network's inner width
     encoder_layers: int = 3  # layers of the encoder stack (universal: the most steps is max_steps instead)
     decoder_layers: int = 3  # layers of the decoder stack
@@ -111,6 +113,8 @@ class ModelConfig:
             _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
         _check(self.max_steps >= 1, "model.max_steps", f"must be >= 1, got {self.max_steps}")
         _check(0.0 < self.act_epsilon < 1.0, "model.act_epsilon", f"must be in (0, 1), got {self.act_epsilon}")
+        _check(self.kv_heads >= 0 and (self.kv_heads == 0 or self.n_heads % self.kv_heads == 0), "model.kv_heads",
+               f"must divide model.n_heads={self.n_heads} (or be 0: as many as n_heads), got {self.kv_heads}")
         _check(self.side_positions("encoder") != "none", "model.positions",
                "'none' leaves the encoder without positions: self-attention without a causal mask is "
                "permutation-equivariant, so it would read a sentence as a bag of tokens; use positions 'none' "

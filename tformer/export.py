@@ -42,7 +42,8 @@ def check_exportable(cfg: ModelConfig) -> None:
     if cfg.source != "tokens":
         problems.append("model.source=features (a frame encoder)")
     for key, value, default in (("norm_layer", cfg.norm_layer, "layernorm"), ("ffn", cfg.ffn, "standard"),
-                                ("qk_norm", cfg.qk_norm, False)):
+                                ("qk_norm", cfg.qk_norm, False),
+                                ("kv_heads", 0 if cfg.kv_heads == cfg.n_heads else cfg.kv_heads, 0)):
         if value != default:
             problems.append(f"model.{key}={value}")
     for side in ("encoder", "decoder"):

@@ -1,6 +1,7 @@
 """Multi-head attention: projections, head split/merge and the key/value cache around a kernel.
 
-Notation: B batch, T query length, S key length, D model dim, H heads, Dh = D / H head dim.
+Notation: B batch, T query length, S key length, D model dim, H heads, Dh = D / H head dim, G key/value heads
+(grouped-query attention: each serves H / G query heads; G = H is multi-head, G = 1 multi-query attention).
 """
 
 from __future__ import annotations
@@ -19,31 +20,37 @@ from tformer.norms import RMSNorm
 class AttentionOutput(NamedTuple):
     out: Tensor  # (B, T, D)
     weights: Tensor | None  # (B, H, T, S) when asked for
-    kv: tuple[Tensor, Tensor] | KVBuffer  # keys and values used, (B, H, S, Dh) each, or the buffer holding them
+    kv: tuple[Tensor, Tensor] | KVBuffer  # keys and values used, (B, G, S, Dh) each, or the buffer holding them
 
 
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads.
 
-    The query/key/value projections live in one (3D, D) matrix, rows in that order, the layout of
-    `torch.nn.MultiheadAttention.in_proj_weight`: self-attention projects with one matrix multiply. They are
+    The query/key/value projections live in one (D + 2 G Dh, D) matrix, rows in that order, the layout of
+    `torch.nn.MultiheadAttention.in_proj_weight` (3D rows when G = H): self-attention projects with one matrix
+    multiply. With G < H key/value heads (grouped-query attention, Ainslie et al. 2023), query heads h read
+    key/value head h // (H / G), and what is cached holds G heads. They are
     used whole (q, k, v), or in parts (q; k, v) for cross-attention: `project` names the part. After
     `quantize_int8` (inference on a CPU) each part is its own dynamic int8 layer and in_proj is gone.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, kernel: str = "sdpa",
-                 scale: float | None = None, qk_norm: bool = False) -> None:
+                 scale: float | None = None, qk_norm: bool = False, kv_heads: int = 0) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.kv_heads = kv_heads or n_heads
+        if n_heads % self.kv_heads:
+            raise ValueError(f"n_heads={n_heads} is not a multiple of kv_heads={kv_heads}")
+        self.kv_dim = self.kv_heads * self.head_dim
         self.dropout = dropout
         self.scale = scale  # of q . k; None = 1 / sqrt(Dh) (TUPE: 1 / sqrt(2 Dh))
         # QK-norm: each head's queries and keys RMS-normalised over Dh (one learned gain per side, shared by the
         # heads) before their dot product; keys are cached normalised
         self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
-        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim)
         self.out_proj = nn.Linear(d_model, d_model)
         self.int8: nn.ModuleDict | None = None  # the parts as dynamic int8 layers (quantize_int8)
         self.set_kernel(kernel)
@@ -52,16 +59,16 @@ class MultiHeadAttention(nn.Module):
         self.kernel = get_kernel(name)
 
     def _split(self, x: Tensor) -> Tensor:
-        B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        B, L, width = x.shape
+        return x.view(B, L, width // self.head_dim, self.head_dim).transpose(1, 2)  # (B, H or G, L, Dh)
 
     def _rows(self, part: str) -> slice:
-        D = self.d_model
-        return {"qkv": slice(0, 3 * D), "q": slice(0, D), "kv": slice(D, 3 * D)}[part]
+        D, KV = self.d_model, 2 * self.kv_dim
+        return {"qkv": slice(0, D + KV), "q": slice(0, D), "kv": slice(D, D + KV)}[part]
 
     def project(self, x: Tensor, part: str) -> Tensor:
-        """x (B, L, D) through the in-projection's rows for `part`: "qkv" (B, L, 3D), "q" (B, L, D) or "kv"
-        (B, L, 2D)."""
+        """x (B, L, D) through the in-projection's rows for `part`: "qkv" (B, L, D + 2 G Dh), "q" (B, L, D) or
+        "kv" (B, L, 2 G Dh)."""
         if self.int8 is not None:
             return self.int8[part](x)
         if part == "qkv":
@@ -90,8 +97,12 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of `memory` (B, S, D): computed once per sentence for cross-attention."""
-        k, v = self.project(memory, "kv").chunk(2, dim=-1)  # (B, S, D) each
-        return self._keys(self._split(k)), self._split(v)  # (B, H, S, Dh) each
+        k, v = self.project(memory, "kv").chunk(2, dim=-1)  # (B, S, G Dh) each
+        return self._keys(self._split(k)), self._split(v)  # (B, G, S, Dh) each
+
+    def _grouped(self, x: Tensor) -> Tensor:
+        """(B, G, S, Dh) keys or values -> (B, H, S, Dh): each key/value head serves its group of query heads."""
+        return x if self.kv_heads == self.n_heads else x.repeat_interleave(self.n_heads // self.kv_heads, dim=1)
 
     def _queries(self, q: Tensor) -> Tensor:
         return q if self.q_norm is None else self.q_norm(q)  # (B, H, T, Dh)
@@ -117,19 +128,19 @@ class MultiHeadAttention(nn.Module):
         """
         D = self.d_model
         if memory is None and static_kv is None:
-            q, k, v = self.project(query, "qkv").chunk(3, dim=-1)  # (B, T, D) each
-            q, k, v = self._queries(self._split(q)), self._keys(self._split(k)), self._split(v)  # (B, H, T, Dh)
+            q, k, v = self.project(query, "qkv").split([D, self.kv_dim, self.kv_dim], dim=-1)  # (B, T, D|G Dh)
+            q, k, v = self._queries(self._split(q)), self._keys(self._split(k)), self._split(v)  # (B, H|G, T, Dh)
             if isinstance(past, KVBuffer):
-                k, v = past.append(k, v)  # (B, H, S, Dh), S = past + 1
+                k, v = past.append(k, v)  # (B, G, S, Dh), S = past + 1
             elif past is not None:
-                k = torch.cat([past[0], k], dim=2)  # (B, H, S, Dh), S = past + T
+                k = torch.cat([past[0], k], dim=2)  # (B, G, S, Dh), S = past + T
                 v = torch.cat([past[1], v], dim=2)
         else:
             q = self._queries(self._split(self.project(query, "q")))  # (B, H, T, Dh)
-            k, v = static_kv if static_kv is not None else self.project_kv(memory)  # (B, H, S, Dh)
+            k, v = static_kv if static_kv is not None else self.project_kv(memory)  # (B, G, S, Dh)
         p = self.dropout if self.training else 0.0
-        out, weights = self.kernel(q, k, v, mask=mask, bias=bias, dropout_p=p, scale=self.scale,
-                                   need_weights=need_weights)
+        out, weights = self.kernel(q, self._grouped(k), self._grouped(v), mask=mask, bias=bias, dropout_p=p,
+                                   scale=self.scale, need_weights=need_weights)  # (B, H, T, Dh)
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return AttentionOutput(self.out_proj(out), weights, past if isinstance(past, KVBuffer) else (k, v))

@@ -77,7 +77,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d, eps = cfg.d_model, cfg.layer_norm_eps
         self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
-                                            self_attention_scale(cfg, "encoder"), cfg.qk_norm)
+                                            self_attention_scale(cfg, "encoder"), cfg.qk_norm, cfg.kv_heads)
         self.ffn = feed_forward(cfg)
         self.res_attn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
         self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
@@ -111,9 +111,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         d, eps = cfg.d_model, cfg.layer_norm_eps
         self.self_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
-                                            self_attention_scale(cfg, "decoder"), cfg.qk_norm)
+                                            self_attention_scale(cfg, "decoder"), cfg.qk_norm, cfg.kv_heads)
         self.cross_attn = MultiHeadAttention(d, cfg.n_heads, cfg.attention_dropout, cfg.attention,
-                                             qk_norm=cfg.qk_norm)
+                                             qk_norm=cfg.qk_norm, kv_heads=cfg.kv_heads)
         self.ffn = feed_forward(cfg)
         self.res_self = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
         self.res_cross = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
