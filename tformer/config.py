@@ -68,12 +68,13 @@ class ModelConfig:
     # the parameter count of a standard FFN 4 d_model wide)
     qk_norm: bool = False  # RMSNorm (with a learned gain) on every head's queries and keys before their dot
     # product, in self- and cross-attention (QK-norm, Dehghani et al. 2023): bounded scores, steadier training
-    positions: Literal["sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "none"] = "sinusoidal"
-    # encoder and decoder; sinusoidal, learned: added to the embeddings; tupe, tupe-r, relative (T5's buckets, no
-    # absolute term), alibi (a linear distance penalty): added to the self-attention scores; none: no positions
-    # (a causal decoder only). See tformer.positions
-    decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "none"] = ""
-    # the decoder's own scheme; "" = as model.positions
+    positions: Literal["sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "rotary", "none"] = (
+        "sinusoidal")  # encoder and decoder; sinusoidal, learned: added to the embeddings; tupe, tupe-r, relative
+    # (T5's buckets, no absolute term), alibi (a linear distance penalty): added to the self-attention scores;
+    # rotary: RoPE, self-attention queries and keys rotated by position; none: no positions (a causal decoder
+    # only). See tformer.positions
+    decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "rotary",
+                               "none"] = ""  # the decoder's own scheme; "" = as model.positions
     sinusoid: Literal["interleaved", "halves", "marian"] = "interleaved"  # the sinusoidal table's layout: the
     # paper's (sin, cos interleaved), Hugging Face MarianMT's (sines, then cosines) or Marian's C++ (sines, then
     # cosines, other frequencies); see tformer.positions.sinusoidal_table
@@ -82,6 +83,9 @@ class ModelConfig:
     untie_first: bool = False  # tupe: learned bias values for the first token's row and column ([CLS] reset)
     relative_buckets: int = 32  # tupe-r, relative: buckets of relative distance (bidirectional: half per direction)
     relative_max_distance: int = 128  # tupe-r, relative: distances from here on share the last bucket
+    rotary_layout: Literal["interleaved", "halves"] = "interleaved"  # rotary: dimension pairs (2i, 2i+1)
+    # (RoFormer, GPT-J) or (i, i + Dh/2) (GPT-NeoX, Hugging Face's Llama)
+    rotary_base: float = 10000.0  # rotary: theta_i = base^(-2i/Dh)
     source: Literal["tokens", "features"] = "tokens"  # encoder input: token ids, or float frames (B, S, F)
     feature_dim: int = 80  # features: F, the values per input frame
     frame_stack: int = 1  # features: consecutive frames concatenated into one model frame
@@ -115,6 +119,13 @@ class ModelConfig:
         _check(0.0 < self.act_epsilon < 1.0, "model.act_epsilon", f"must be in (0, 1), got {self.act_epsilon}")
         _check(self.kv_heads >= 0 and (self.kv_heads == 0 or self.n_heads % self.kv_heads == 0), "model.kv_heads",
                f"must divide model.n_heads={self.n_heads} (or be 0: as many as n_heads), got {self.kv_heads}")
+        rotary = "rotary" in (self.side_positions("encoder"), self.side_positions("decoder"))
+        _check(not rotary or (self.d_model // self.n_heads) % 2 == 0, "model.positions",
+               f"rotary turns pairs of dimensions: the head size d_model / n_heads must be even, got "
+               f"{self.d_model // self.n_heads}")
+        _check(not rotary or self.kind == "vanilla", "model.positions",
+               "rotary is not yet available in the universal transformer (its ACT steps recompute halted "
+               "positions' keys outside the attention call that rotates them); use relative or alibi there")
         _check(self.side_positions("encoder") != "none", "model.positions",
                "'none' leaves the encoder without positions: self-attention without a causal mask is "
                "permutation-equivariant, so it would read a sentence as a bag of tokens; use positions 'none' "

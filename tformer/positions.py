@@ -13,6 +13,10 @@
                 the paper's geometric slopes m_h (causal in the decoder, where later keys are masked anyway)
     none        no positions at all: a causal decoder can still infer them (Haviv et al. 2022); refused in an
                 encoder, which would read a bag of tokens
+    rotary      RoPE (Su et al. 2021): each head's queries and keys in self-attention are rotated by their
+                positions (pairs of dimensions turned by p theta_i), so their dot product depends on the distance
+                alone; the pairs interleaved (2i, 2i+1: RoFormer, GPT-J) or in halves (i, i + Dh/2: GPT-NeoX,
+                Hugging Face's Llama)
 
 How each extends past its table (speech frames run into thousands of positions):
     sinusoidal  exactly: the formula holds at every position (the cached table grows on demand)
@@ -22,6 +26,7 @@ How each extends past its table (speech frames run into thousands of positions):
                 term is defined at every length; the absolute term extends as for tupe
     relative    at every length, like tupe-r's relative term
     alibi       exactly: the penalty is a formula of the distance
+    rotary      exactly: the angles are a formula of the position
 
 Notation: L length, D model dim, H heads, Dh = D / H.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -236,10 +242,43 @@ class RelativeOnlyBias(nn.Module):
         return self.relative(q_pos, torch.arange(n_keys, device=device))  # (H, Lq, Lk)
 
 
+ROTARY_LAYOUTS = ("interleaved", "halves")
+
+
+def rotary_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos and sin of p theta_i for every position p (L,) and pair i < Dh/2, theta_i = base^(-2i/Dh): (L, Dh/2)
+    each, computed in float64, returned in float32."""
+    theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    angle = positions.double()[:, None] * theta[None, :]  # (L, Dh/2)
+    return torch.cos(angle).float(), torch.sin(angle).float()
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
+    """Turn each pair (a, b) of x's last dimension by its angle: (a cos - b sin, a sin + b cos). x (..., L, Dh),
+    cos/sin (L, Dh/2). Pairs: (2i, 2i+1) interleaved, (i, i + Dh/2) in halves."""
+    if layout == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., L, Dh/2)
+        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (..., L, Dh)
+    a, b = x.chunk(2, dim=-1)  # (..., L, Dh/2)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, Dh)
+
+
+class Rotary(NamedTuple):
+    """RoPE's angles for the rows of one attention call (their positions in their sentences), applied to its
+    queries and to the keys of the same rows."""
+
+    cos: Tensor  # (L, Dh/2)
+    sin: Tensor  # (L, Dh/2)
+    layout: str
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return rotate(x, self.cos, self.sin, self.layout)  # (..., L, Dh)
+
+
 TUPE = ("tupe", "tupe-r")
 ADDED = ("sinusoidal", "learned")  # positions added to the embeddings
 BIASES = (*TUPE, "relative", "alibi")  # positions added to the self-attention scores
-SCHEMES = (*ADDED, *BIASES, "none")
+SCHEMES = (*ADDED, *BIASES, "rotary", "none")
 
 
 def build_positions(kind: str, d_model: int, max_positions: int,
@@ -250,7 +289,7 @@ def build_positions(kind: str, d_model: int, max_positions: int,
         return SinusoidalPositions(d_model, layout=sinusoid)
     if kind == "learned":
         return LearnedPositions(d_model, max_positions)
-    if kind in (*BIASES, "none"):
+    if kind in (*BIASES, "rotary", "none"):
         return None
     raise ValueError(f"unknown positions '{kind}'; choose one of {', '.join(SCHEMES)}")
 

@@ -42,23 +42,27 @@ def field_comments(path: Path, class_name: str) -> list[tuple[str, str]]:
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    fields = {n.lineno: n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    fields = {n.lineno: n for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     end = min([n.lineno for n in cls.body if isinstance(n, ast.FunctionDef)] + [cls.end_lineno + 1])
     lines = source.splitlines()
     out: list[tuple[str, str, str]] = []
     pending: list[str] = []  # a comment block not (yet) attached to a field
     continuing = False
+    inside = 0  # the last line of a field written over several lines
     for row in range(cls.body[0].lineno, end):
         line = lines[row - 1].strip()
+        if row <= inside:
+            continue
         if row in fields:
-            own = [comments[row]] if row in comments else []
+            node = fields[row]
+            own = [comments[r] for r in range(row, node.end_lineno + 1) if r in comments]
             if not own and pending:
                 own, pending = pending, []
             if pending:
                 out.append(("note", "", " ".join(pending)))
                 pending = []
-            out.append(("field", fields[row], " ".join(own)))
-            continuing = row in comments
+            out.append(("field", node.target.id, " ".join(own)))
+            continuing, inside = bool(own) and node.end_lineno in comments, node.end_lineno
         elif line.startswith("#"):
             if continuing:
                 name, text = out[-1][1], out[-1][2]

@@ -6,7 +6,7 @@ Notation: B batch, T query length, S key length, D model dim, H heads, Dh = D / 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -119,17 +119,22 @@ class MultiHeadAttention(nn.Module):
         past: tuple[Tensor, Tensor] | KVBuffer | None = None,
         static_kv: tuple[Tensor, Tensor] | None = None,
         need_weights: bool = False,
+        rotary: Callable[[Tensor], Tensor] | None = None,
     ) -> AttentionOutput:
         """Self-attention when `memory` and `static_kv` are None; cross-attention otherwise.
 
         query (B, T, D); memory (B, S, D); past: cached self-attention (k, v) of earlier positions, to
         which this call's keys and values are appended (a KVBuffer: in place, T = 1); static_kv: keys and
-        values given whole (k, v), from `project_kv`. mask / bias: see tformer.attention.kernels.
+        values given whole (k, v), from `project_kv`. mask / bias: see tformer.attention.kernels. rotary:
+        self-attention only, RoPE (tformer.positions.Rotary) for this call's rows, applied to their queries and
+        keys (keys are cached rotated).
         """
         D = self.d_model
         if memory is None and static_kv is None:
             q, k, v = self.project(query, "qkv").split([D, self.kv_dim, self.kv_dim], dim=-1)  # (B, T, D|G Dh)
             q, k, v = self._queries(self._split(q)), self._keys(self._split(k)), self._split(v)  # (B, H|G, T, Dh)
+            if rotary is not None:
+                q, k = rotary(q), rotary(k)  # (B, H|G, T, Dh): turned by their positions
             if isinstance(past, KVBuffer):
                 k, v = past.append(k, v)  # (B, G, S, Dh), S = past + 1
             elif past is not None:

@@ -22,6 +22,7 @@ from tformer.positions import TUPE
 if TYPE_CHECKING:
     from tformer.attention.kvbuffer import KVBuffer
     from tformer.model.layout import Layout
+    from tformer.positions import Rotary
 
 
 def self_attention_scale(cfg: ModelConfig, side: str) -> float | None:
@@ -88,12 +89,13 @@ class EncoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, mask: Tensor, bias: Tensor | None = None, need_weights: bool = False,
-        keys: tuple[Tensor, Tensor] | None = None,
+        keys: tuple[Tensor, Tensor] | None = None, rotary: "Rotary | None" = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D) and self-attention weights (B, H, S, S). `keys`: the
         self-attention keys and values from `self_kv` of a larger set of rows than the queries x (the
         positions an ACT step still runs read every position); None: x's own."""
-        a = self.self_attn(self.res_attn.inp(x), mask=mask, bias=bias, static_kv=keys, need_weights=need_weights)
+        a = self.self_attn(self.res_attn.inp(x), mask=mask, bias=bias, static_kv=keys, need_weights=need_weights,
+                           rotary=rotary)
         x = self.res_attn.out(x, a.out)
         x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
         return x, a.weights
@@ -135,6 +137,7 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
         keys: tuple[Tensor, Tensor] | None = None,
         layout: "Layout | None" = None,
+        rotary: "Rotary | None" = None,
     ) -> DecoderLayerOutput:
         """x (B, T, D); self_mask (B, 1, T, T_total) or None (one new position sees all the past);
         cross_kv: the memory's keys/values from `cross_attn.project_kv`; cross_mask (B, 1, 1, S). x may hold
@@ -142,7 +145,7 @@ class DecoderLayer(nn.Module):
         them into their sentence's queries where its kernel needs it. `keys`: self-attention keys and values
         given whole (from `self_kv`, `past` then unused), for queries that are a subset of the rows."""
         a = self.self_attn(self.res_self.inp(x), mask=self_mask, bias=self_bias, past=past, static_kv=keys,
-                           need_weights=need_weights)
+                           need_weights=need_weights, rotary=rotary)
         x = self.res_self.out(x, a.out)
         q = self.res_cross.inp(x)  # (N, T, D)
         if layout is not None:

@@ -27,6 +27,7 @@ from tformer.norms import build_norm
 
 if TYPE_CHECKING:
     from tformer.model.act import Ponder
+    from tformer.positions import Rotary
 
 
 class Side(NamedTuple):
@@ -36,7 +37,8 @@ class Side(NamedTuple):
     positions: Tensor | None  # position vectors, shaped like x, for stacks that add them at every step
     layout: Layout
     mask: Tensor | Graph  # the self-attention structure
-    bias: Tensor | PositionBias | None  # TUPE's self-attention bias
+    bias: Tensor | PositionBias | None  # the positional self-attention bias (TUPE, relative, ALiBi)
+    rotary: "Rotary | None" = None  # RoPE's angles for these rows' positions (model.positions rotary)
 
 
 class Encoded(NamedTuple):
@@ -68,7 +70,7 @@ class LayerStack(nn.Module):
     def encode(self, side: Side, need_weights: bool = False) -> Encoded:
         x, weights = side.x, []
         for layer in self.layers:
-            x, w = layer(x, side.mask, bias=side.bias, need_weights=need_weights)
+            x, w = layer(x, side.mask, bias=side.bias, need_weights=need_weights, rotary=side.rotary)
             weights.append(w)
         return Encoded(self.norm(x), weights)
 
@@ -77,7 +79,7 @@ class LayerStack(nn.Module):
         for layer in self.layers:
             kv = layer.cross_attn.project_kv(memory)  # (B, H, S, Dh) each, or (1, H, Ns, Dh)
             out = layer(x, side.mask, kv, cross_mask, self_bias=side.bias, need_weights=need_weights,
-                        layout=side.layout)
+                        layout=side.layout, rotary=side.rotary)
             x = out.x
             self_w.append(out.self_weights)
             cross_w.append(out.cross_weights)
@@ -95,7 +97,8 @@ class LayerStack(nn.Module):
         new = []
         for i, layer in enumerate(self.layers):
             past = cache.self_kv[i] if cache.self_kv else KVBuffer(x) if cache.preallocated else None
-            out = layer(x, self_mask, cache.cross[i], cross_mask, past=past, self_bias=side.bias, layout=layout)
+            out = layer(x, self_mask, cache.cross[i], cross_mask, past=past, self_bias=side.bias, layout=layout,
+                        rotary=side.rotary)
             x = out.x  # (N, 1, D)
             new.append(out.self_kv)  # (N, H, t+1, Dh) each, or the buffer holding them
         return self.norm(x), DecoderCache(cache.src_mask, cache.cross, new, preallocated=cache.preallocated)

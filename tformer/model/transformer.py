@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
@@ -46,7 +47,7 @@ from tformer.model.embeddings import Embeddings, FrameEmbeddings
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout, Packed, Padded, Step
 from tformer.model.stack import LayerStack, Side, final_norm
-from tformer.positions import build_attention_bias, build_positions
+from tformer.positions import Rotary, build_attention_bias, build_positions, rotary_angles
 from tformer.structures import Structure, build_structure
 
 if TYPE_CHECKING:
@@ -171,7 +172,17 @@ class Transformer(nn.Module):
         e = embed(layout.take(inputs), layout.positions())
         L = layout.length if not layout.packed else int(layout.lengths.max())
         table = None if bias is None else bias(L, L)  # (H, L, L)
-        return Side(e.x, e.positions, layout, layout.self_mask(structure, causal), layout.bias(table))
+        rotary = self._rotary("decoder" if causal else "encoder", layout.positions(), e.x.device)
+        return Side(e.x, e.positions, layout, layout.self_mask(structure, causal), layout.bias(table), rotary)
+
+    def _rotary(self, side: str, positions: Tensor | slice, device: torch.device) -> Rotary | None:
+        """RoPE's angles for rows at `positions` (a slice: every sentence alike; a tensor (1, N): packed)."""
+        if self.cfg.side_positions(side) != "rotary":
+            return None
+        if isinstance(positions, slice):
+            positions = torch.arange(positions.start, positions.stop, device=device)
+        cos, sin = rotary_angles(positions.reshape(-1), self.cfg.d_model // self.cfg.n_heads, self.cfg.rotary_base)
+        return Rotary(cos, sin, self.cfg.rotary_layout)  # (L, Dh/2) each
 
     def source(self, src: Tensor, src_lengths: Tensor) -> Side:
         """src (B, S) token ids, or (B, S, F) float frames (S' = model frames after stacking)."""
@@ -233,7 +244,8 @@ class Transformer(nn.Module):
         layout = Step(tokens.shape[0], t, cache.src_mask, self.decoder_structure, self.packed)
         e = self.tgt_embed(tokens[:, None], layout.positions())  # (N, 1, D)
         table = None if self.tgt_bias is None else self.tgt_bias(1, t + 1, t)  # (H, 1, t+1): the row of position t
-        side = Side(e.x, e.positions, layout, None, layout.bias(table))
+        side = Side(e.x, e.positions, layout, None, layout.bias(table), self._rotary("decoder", layout.positions(),
+                                                                                    e.x.device))
         x, cache = self.decoder.step(side, cache)
         return self.generator(x[:, 0]), cache  # (N, V)
 
