@@ -115,7 +115,7 @@ def empty_line_in_text_task(tmp, trained):
     lines[2] = "\n"
     (data / "train.src").write_text("".join(lines))
     return (["train", "--config", RECIPES / "copy.yaml", "--run-dir", tmp / "run", "data.task=text",
-             "data.length_distribution=normal",  # the copy recipe's uniform lengths are for copy and sort only
+             "data.length_distribution=normal",  # the copy recipe's uniform lengths are for the synthetic tasks only
              f"data.dir={data}", "train.max_steps=1"], b"", ["train.src, line 3: empty line", "remove the pair"])
 
 

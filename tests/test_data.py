@@ -92,3 +92,17 @@ def test_text_task_reads_files_and_reports_errors(tmp_path):
     (tmp_path / "valid.tgt").write_bytes(b"x y\nz \xff\n")
     with pytest.raises(ValueError, match=r"valid.tgt, line 2, byte 3 of the line: not valid UTF-8"):
         load_task(DataConfig(task="text", dir=str(tmp_path)))
+
+
+def test_reverse_is_copy_backwards_on_the_same_draws():
+    """reverse draws exactly what copy draws from the same seed (the same sources, every split) and its targets
+    are those sources backwards; test_uniform and `tformer data reverse` exist for it as for copy."""
+    import dataclasses
+
+    copy = DataConfig(task="copy", train_size=50, valid_size=20, test_size=20, seed=3)
+    reverse = dataclasses.replace(copy, task="reverse")
+    for split in ("train", "valid", "test", "test_uniform"):
+        c, r = synthetic_split(copy, split), synthetic_split(reverse, split)
+        assert [s for s, _ in r] == [s for s, _ in c]
+        assert all(t == s[::-1] for s, t in r)
+    assert any(s != s[::-1] for s, _ in r)  # not only palindromes

@@ -111,9 +111,9 @@ def test_exact_match_by_length_counts_by_reference_length():
     (lambda: DataConfig(length_distribution="zipf"), ConfigError,
      "config key 'data.length_distribution': must be 'normal' or 'uniform', got 'zipf'"),
     (lambda: DataConfig(task="text", dir="x", length_distribution="uniform"), ConfigError,
-     "config key 'data.length_distribution': applies to the synthetic tasks copy and sort"),
+     "config key 'data.length_distribution': applies to the synthetic tasks (copy, sort, reverse)"),
     (lambda: load_pairs(DataConfig(task="text", dir="x"), "test_uniform"), DataError,
-     "split 'test_uniform' exists for the synthetic tasks copy and sort only"),
+     "split 'test_uniform' exists for the synthetic tasks (copy, sort, reverse) only"),
     (lambda: load_task(DataConfig(), ("test", "dev")), DataError,
      "unknown split 'dev'; choose one of train, valid, test"),
 ])

@@ -142,18 +142,18 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: Literal["copy", "sort", "text", "translation", "speech", "synthetic_speech"] = "copy"  # what to learn:
+    task: Literal["copy", "sort", "reverse", "text", "translation", "speech", "synthetic_speech"] = "copy"  # what to learn:
     # a synthetic task generated in-process, pre-tokenised text files, raw parallel text, or speech frames
 
-    # synthetic tasks (copy, sort): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
+    # synthetic tasks (copy, sort, reverse): DGL's sizes and symbols, lengths ~ Normal(mean, std) clipped
     symbols: int = 26  # 'a', 'b', ... then 's26', 's27', ... beyond 26
     length_distribution: Literal["normal", "uniform"] = "normal"  # of train and valid; uniform: every length in
     # [min_len, max_len] equally likely. The test splits do not follow it: test is DGL's, test_uniform uniform
-    length_mean: float = 15.0  # copy, sort: mean of the normal length distribution
-    length_std: float = 3.0  # copy, sort: its standard deviation
-    min_len: int = 1  # copy, sort: the shortest sequence (lengths are clipped to [min_len, max_len])
-    max_len: int = 30  # copy, sort: the longest sequence
-    train_size: int = 9000  # copy, sort, synthetic_speech: sequences in the training split
+    length_mean: float = 15.0  # synthetic tasks: mean of the normal length distribution
+    length_std: float = 3.0  # synthetic tasks: its standard deviation
+    min_len: int = 1  # synthetic tasks: the shortest sequence (lengths are clipped to [min_len, max_len])
+    max_len: int = 30  # synthetic tasks: the longest sequence
+    train_size: int = 9000  # synthetic tasks, synthetic_speech: sequences in the training split
     valid_size: int = 1000  # ... in the validation split
     test_size: int = 1000  # ... in each test split
     seed: int = 1  # generates the synthetic data; splits a tsv corpus; samples the tokenizer's training pairs
@@ -210,8 +210,8 @@ class DataConfig:
                f"re-segments SentencePiece subwords: data.task 'translation' only, not '{self.task}'")
         _check(self.length_distribution in ("normal", "uniform"), "data.length_distribution",
                f"must be 'normal' or 'uniform', got {self.length_distribution!r}")
-        _check(self.length_distribution == "normal" or self.task in ("copy", "sort"), "data.length_distribution",
-               f"applies to the synthetic tasks copy and sort; data.task '{self.task}' does not draw lengths")
+        _check(self.length_distribution == "normal" or self.task in SYNTHETIC_TASKS, "data.length_distribution",
+               f"applies to the synthetic tasks ({', '.join(SYNTHETIC_TASKS)}); data.task '{self.task}' does not draw lengths")
         for name in ("train_size", "valid_size", "test_size"):
             _check(getattr(self, name) >= 1, f"data.{name}", f"must be >= 1, got {getattr(self, name)}")
         _check(self.task not in ("text", "translation") or self.format == "tsv" or bool(self.dir), "data.dir",
@@ -351,6 +351,7 @@ class DecodeConfig:
 
 
 SPEECH_TASKS = ("speech", "synthetic_speech")
+SYNTHETIC_TASKS = ("copy", "sort", "reverse")  # generated in-process from data.seed (tformer.data.synthetic)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from tformer.config import SYNTHETIC_TASKS
+
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("data", help="download Multi30k or WMT14 en-de, or write a synthetic task as text files",
@@ -12,8 +14,8 @@ def add_parser(sub) -> None:
                         "(checksums verified). wmt14: download the WMT14 English-German training archives "
                         "(Europarl v7, Common Crawl, News Commentary v9) and newstest2013/2014 (about 1.2 GB, "
                         "checksums verified) and write {train,newstest2013,newstest2014}.{en,de}; a rerun keeps "
-                        "what is complete. copy/sort: write {train,valid,test}.{src,tgt} of a synthetic task.")
-    sp.add_argument("task", choices=("multi30k", "wmt14", "copy", "sort"))
+                        "what is complete. copy/sort/reverse: write {train,valid,test}.{src,tgt} of a synthetic task.")
+    sp.add_argument("task", choices=("multi30k", "wmt14", *SYNTHETIC_TASKS))
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--url", help="multi30k, wmt14: base URL to fetch from, holding the files under their "
                     "upstream names (default: the official locations)")

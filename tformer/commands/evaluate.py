@@ -41,7 +41,7 @@ def _length_buckets(by_length: dict[int, tuple[int, int]], most: int = 8) -> lis
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.config import SPEECH_TASKS, to_dict
+    from tformer.config import SPEECH_TASKS, SYNTHETIC_TASKS, to_dict
     from tformer.data.synthetic import exact_match_by_length
 
     translator = common.load_translator(args)
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"checkpoint": str(translator.path), "split": args.split, **metrics, "seconds": round(result.seconds, 2),
               "decode": to_dict(result.decode), "attention": cfg.model.attention}
     by_length = (exact_match_by_length(result.outputs, result.references)
-                 if cfg.data.task in ("copy", "sort") and result.references else {})
+                 if cfg.data.task in SYNTHETIC_TASKS and result.references else {})
     if by_length:
         report["exact_match_by_length"] = {str(n): {"exact_match": e / c, "n": c} for n, (e, c) in by_length.items()}
     if scores:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Callable, Iterator, Sequence
 
-from tformer.config import DataConfig
+from tformer.config import SYNTHETIC_TASKS, DataConfig
 from tformer.data.batching import Batch, Example, collate, model_lengths, token_budget_batches
 from tformer.data.synthetic import SPLITS, SYNTHETIC_SPLITS, UNIFORM_SPLIT, symbol_names, synthetic_split
 from tformer.data.text import read_parallel
@@ -27,12 +27,12 @@ __all__ = ["Batch", "Example", "Pair", "SPLITS", "SYNTHETIC_SPLITS", "SubwordTok
 
 def check_split(cfg: DataConfig, split: str) -> None:
     """train, valid, test; and for the synthetic tasks test_uniform (every length in [min_len, max_len] alike)."""
-    if split == UNIFORM_SPLIT and cfg.task not in ("copy", "sort"):
-        raise DataError(f"split '{split}' exists for the synthetic tasks copy and sort only, not data.task "
+    if split == UNIFORM_SPLIT and cfg.task not in SYNTHETIC_TASKS:
+        raise DataError(f"split '{split}' exists for the synthetic tasks ({', '.join(SYNTHETIC_TASKS)}) only, not data.task "
                         f"'{cfg.task}'; choose one of {', '.join(SPLITS)}")
     if split not in SYNTHETIC_SPLITS:
         raise DataError(f"unknown split '{split}'; choose one of {', '.join(SPLITS)} "
-                        f"(copy, sort: also {UNIFORM_SPLIT})")
+                        f"(synthetic tasks: also {UNIFORM_SPLIT})")
 
 
 def load_pairs(cfg: DataConfig, split: str) -> list[Pair]:
@@ -47,7 +47,7 @@ def load_pairs(cfg: DataConfig, split: str) -> list[Pair]:
 
 def build_tokenizers(cfg: DataConfig, train: list[Pair], joint: bool) -> Tokenizers:
     """From the training split only (never valid/test); synthetic tasks use their whole alphabet."""
-    if cfg.task in ("copy", "sort"):
+    if cfg.task in SYNTHETIC_TASKS:
         v = WordTokenizer(Vocab(symbol_names(cfg.symbols)))
         return v, v
     if joint:

@@ -1,4 +1,5 @@
-"""Synthetic tasks, deterministic under a seed: copy (output = input) and sort (output = sorted input).
+"""Synthetic tasks, deterministic under a seed: copy (output = input), sort (output = sorted input) and reverse
+(output = the input backwards, the Universal Transformer paper's third algorithmic task).
 
 DGL's recipe: train/valid/test 9000/1000/1000, symbols 'a'..'z', lengths ~ Normal(15, 3) rounded down
 and clipped (here to [min_len, max_len]); data.length_distribution=uniform draws the lengths of train and
@@ -18,7 +19,7 @@ from collections import Counter
 
 import torch
 
-from tformer.config import DataConfig
+from tformer.config import SYNTHETIC_TASKS, DataConfig
 from tformer.errors import ConfigError
 
 SPLITS = ("train", "valid", "test")
@@ -40,9 +41,9 @@ def synthetic_lengths(cfg: DataConfig, size: int, uniform: bool, g: torch.Genera
 
 
 def synthetic_split(cfg: DataConfig, split: str) -> list[tuple[list[str], list[str]]]:
-    """Pairs (source tokens, target tokens) of `split` (train, valid, test, test_uniform) for task copy or sort."""
-    if cfg.task not in ("copy", "sort"):
-        raise ConfigError(f"data.task '{cfg.task}' is not a synthetic task (copy, sort)")
+    """Pairs (source tokens, target tokens) of `split` (train, valid, test, test_uniform) of a synthetic task."""
+    if cfg.task not in SYNTHETIC_TASKS:
+        raise ConfigError(f"data.task '{cfg.task}' is not a synthetic task ({', '.join(SYNTHETIC_TASKS)})")
     size = {"train": cfg.train_size, "valid": cfg.valid_size, "test": cfg.test_size,
             UNIFORM_SPLIT: cfg.test_size}[split]
     g = torch.Generator().manual_seed(cfg.seed * 1000 + SYNTHETIC_SPLITS.index(split))
@@ -51,7 +52,7 @@ def synthetic_split(cfg: DataConfig, split: str) -> list[tuple[list[str], list[s
     pairs = []
     for n in synthetic_lengths(cfg, size, uniform, g):
         ids = torch.randint(cfg.symbols, (n,), generator=g).tolist()
-        out = sorted(ids) if cfg.task == "sort" else ids
+        out = {"copy": ids, "sort": sorted(ids), "reverse": ids[::-1]}[cfg.task]
         pairs.append(([names[i] for i in ids], [names[i] for i in out]))
     return pairs
 
