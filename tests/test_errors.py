@@ -352,12 +352,12 @@ def _unknown_kernel():
 def _unknown_positions():
     from tformer.positions import build_positions
 
-    build_positions("rotary", 8, 16)
+    build_positions("hyperbolic", 8, 16)
 
 
 @pytest.mark.parametrize("call, message", [(_graph_kernel_without_graph, "needs a Graph"),
                                            (_unknown_kernel, "unknown attention kernel 'flash-v9'"),
-                                           (_unknown_positions, "unknown positions 'rotary'")],
+                                           (_unknown_positions, "unknown positions 'hyperbolic'")],
                          ids=["graph kernel without a Graph", "unknown kernel", "unknown positions"])
 def test_internal_invariants_stay_plain_value_errors(call, message):
     """Names and shapes the configuration validated or tformer's own code built: breaking them is a bug, and
