@@ -58,6 +58,15 @@ def tiny_config(**model) -> Config:
     )
 
 
+def padded_batch(lengths: list[int], seed: int, vocab: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (B, max length) >= 4 with 0 (<pad>) past each of `lengths`, and the lengths (B,)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (len(lengths), max(lengths)), generator=g)
+    lens = torch.tensor(lengths)
+    ids[torch.arange(max(lengths))[None] >= lens[:, None]] = 0
+    return ids, lens
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

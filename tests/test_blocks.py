@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import padded_batch
 from tformer.api import build_model
 from tformer.attention import MultiHeadAttention
 from tformer.config import ModelConfig
@@ -32,12 +33,6 @@ def _cfg(**kw) -> ModelConfig:
     return ModelConfig(**{**base, **kw})
 
 
-def _batch(lengths: list[int], seed: int, vocab: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, vocab, (len(lengths), max(lengths)), generator=g)
-    lens = torch.tensor(lengths)
-    ids[torch.arange(max(lengths))[None] >= lens[:, None]] = 0
-    return ids, lens
 
 
 # ------------------------------------------------------------------------------------------ the formulas
@@ -126,7 +121,7 @@ def test_grouped_query_attention_is_multi_head_with_each_groups_keys_copied(kv_h
 def test_the_decoders_cache_holds_the_key_value_heads_only():
     torch.manual_seed(7)
     m = build_model(_cfg(kv_heads=1), 20, 20).eval()
-    src, sl = _batch([5, 3], seed=1)
+    src, sl = padded_batch([5, 3], seed=1)
     with torch.no_grad():
         cache = m.init_cache(m.encode(src, sl))
         _, cache = m.decode_step(torch.tensor([1, 1]), cache)
@@ -164,8 +159,8 @@ def test_export_refuses_them_by_name(option):
 def test_decoding_steps_equal_the_full_forward(option, attention, kind):
     torch.manual_seed(3)
     m = build_model(_cfg(attention=attention, kind=kind, **option), 20, 20).eval()
-    src, sl = _batch([7, 4], seed=2)
-    tgt, tl = _batch([6, 3], seed=3)
+    src, sl = padded_batch([7, 4], seed=2)
+    tgt, tl = padded_batch([6, 3], seed=3)
     with torch.no_grad():
         full = m.generator(m(src, sl, tgt, tl).padded())  # (B, T, V)
         cache = m.init_cache(m.encode(src, sl))
@@ -179,8 +174,8 @@ def test_decoding_steps_equal_the_full_forward(option, attention, kind):
 def test_graph_and_sdpa_equal_dense_and_batching_changes_nothing(option):
     torch.manual_seed(4)
     dense = build_model(_cfg(attention="dense", **option), 20, 20).eval()
-    src, sl = _batch([9, 2, 5, 7, 1, 4, 6], seed=5)
-    tgt, tl = _batch([7, 1, 4, 3, 2, 6, 5], seed=6)
+    src, sl = padded_batch([9, 2, 5, 7, 1, 4, 6], seed=5)
+    tgt, tl = padded_batch([7, 1, 4, 3, 2, 6, 5], seed=6)
     with torch.no_grad():
         want = dense(src, sl, tgt, tl).real()  # (Nt, D)
         for attention in ("sdpa", "graph"):
@@ -196,8 +191,8 @@ def test_a_gated_rmsnorm_qknorm_model_trains():
     """One update with every option on lowers the loss on its own batch (gradients reach every new parameter)."""
     torch.manual_seed(5)
     m = build_model(_cfg(**OPTIONS[-1]), 20, 20)
-    src, sl = _batch([6, 5, 4], seed=7)
-    tgt, tl = _batch([6, 5, 4], seed=8)
+    src, sl = padded_batch([6, 5, 4], seed=7)
+    tgt, tl = padded_batch([6, 5, 4], seed=8)
     opt = torch.optim.Adam(m.parameters(), lr=3e-3)
     losses = []
     for _ in range(2):

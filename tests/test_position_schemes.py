@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import padded_batch
 from tformer.api import build_model
 from tformer.config import ModelConfig
 from tformer.errors import ConfigError
@@ -28,12 +29,6 @@ def _cfg(positions: str, decoder_positions: str = "", **kw) -> ModelConfig:
     return ModelConfig(**{**base, **kw})
 
 
-def _batch(lengths: list[int], seed: int, vocab: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, vocab, (len(lengths), max(lengths)), generator=g)
-    lens = torch.tensor(lengths)
-    ids[torch.arange(max(lengths))[None] >= lens[:, None]] = 0
-    return ids, lens
 
 
 # ------------------------------------------------------------------------------------------ the formulas
@@ -192,8 +187,8 @@ def _kinds(schemes):  # rotary is refused in the universal transformer (test_rot
 def test_decoding_steps_equal_the_full_forward(positions, decoder, attention, kind):
     torch.manual_seed(1)
     m = build_model(_cfg(positions, decoder, attention=attention, kind=kind), 20, 20).eval()
-    src, sl = _batch([7, 4], seed=2)
-    tgt, tl = _batch([6, 3], seed=3)
+    src, sl = padded_batch([7, 4], seed=2)
+    tgt, tl = padded_batch([6, 3], seed=3)
     with torch.no_grad():
         full = m.generator(m(src, sl, tgt, tl).padded())  # (B, T, V)
         cache = m.init_cache(m.encode(src, sl))
@@ -207,8 +202,8 @@ def test_decoding_steps_equal_the_full_forward(positions, decoder, attention, ki
 def test_graph_and_sdpa_equal_dense_and_batching_changes_nothing(positions, decoder, kind):
     torch.manual_seed(4)
     dense = build_model(_cfg(positions, decoder, attention="dense", kind=kind), 20, 20).eval()
-    src, sl = _batch([9, 2, 5, 7, 1, 4, 6], seed=5)
-    tgt, tl = _batch([7, 1, 4, 3, 2, 6, 5], seed=6)
+    src, sl = padded_batch([9, 2, 5, 7, 1, 4, 6], seed=5)
+    tgt, tl = padded_batch([7, 1, 4, 3, 2, 6, 5], seed=6)
     with torch.no_grad():
         want = dense(src, sl, tgt, tl).real()  # (Nt, D)
         for attention in ("sdpa", "graph"):
@@ -225,7 +220,7 @@ def test_decoder_without_positions_still_tells_order_apart():
     states (the prefix each position sees differs); an encoder without positions would not tell them apart."""
     torch.manual_seed(2)
     m = build_model(_cfg("sinusoidal", "none"), 20, 20).eval()
-    src, sl = _batch([5], seed=7)
+    src, sl = padded_batch([5], seed=7)
     tgt = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         a = m(src, sl, tgt, torch.tensor([4])).real()
