@@ -29,8 +29,6 @@ def _cfg(positions: str, decoder_positions: str = "", **kw) -> ModelConfig:
     return ModelConfig(**{**base, **kw})
 
 
-
-
 # ------------------------------------------------------------------------------------------ the formulas
 
 
