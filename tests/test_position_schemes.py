@@ -5,12 +5,11 @@ SDPA), each sentence alone (batching)."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
-from conftest import padded_batch
+from conftest import assert_kernels_and_batching_agree, assert_steps_equal_full_forward, padded_batch
 from tformer.api import build_model
 from tformer.config import ModelConfig
 from tformer.errors import ConfigError
@@ -185,32 +184,14 @@ def _kinds(schemes):  # rotary is refused in the universal transformer (test_rot
 def test_decoding_steps_equal_the_full_forward(positions, decoder, attention, kind):
     torch.manual_seed(1)
     m = build_model(_cfg(positions, decoder, attention=attention, kind=kind), 20, 20).eval()
-    src, sl = padded_batch([7, 4], seed=2)
-    tgt, tl = padded_batch([6, 3], seed=3)
-    with torch.no_grad():
-        full = m.generator(m(src, sl, tgt, tl).padded())  # (B, T, V)
-        cache = m.init_cache(m.encode(src, sl))
-        for t in range(6):
-            logits, cache = m.decode_step(tgt[:, t], cache)
-            real = t < tl  # (B,)
-            torch.testing.assert_close(logits[real], full[real, t], rtol=1e-4, atol=1e-5)
+    assert_steps_equal_full_forward(m)
 
 
 @pytest.mark.parametrize("positions,decoder,kind", _kinds(SCHEMES))
 def test_graph_and_sdpa_equal_dense_and_batching_changes_nothing(positions, decoder, kind):
     torch.manual_seed(4)
     dense = build_model(_cfg(positions, decoder, attention="dense", kind=kind), 20, 20).eval()
-    src, sl = padded_batch([9, 2, 5, 7, 1, 4, 6], seed=5)
-    tgt, tl = padded_batch([7, 1, 4, 3, 2, 6, 5], seed=6)
-    with torch.no_grad():
-        want = dense(src, sl, tgt, tl).real()  # (Nt, D)
-        for attention in ("sdpa", "graph"):
-            other = build_model(dataclasses.replace(dense.cfg, attention=attention), 20, 20).eval()
-            other.load_state_dict(dense.state_dict())
-            torch.testing.assert_close(other(src, sl, tgt, tl).real(), want, rtol=1e-5, atol=2e-5)
-        alone = torch.cat([dense(src[i:i + 1, :sl[i]], sl[i:i + 1], tgt[i:i + 1, :tl[i]], tl[i:i + 1]).real()
-                           for i in range(7)])  # batch 1, seven times
-        torch.testing.assert_close(alone, want, rtol=1e-5, atol=2e-5)
+    assert_kernels_and_batching_agree(dense, lambda cfg: build_model(cfg, 20, 20))
 
 
 def test_decoder_without_positions_still_tells_order_apart():
