@@ -1,21 +1,23 @@
-"""Positions beyond TUPE: T5's relative buckets alone, ALiBi, rotary (RoPE), and no positions in the decoder.
-Oracles: the ALiBi paper's slopes and formula written out, Hugging Face T5's bucketing, RoPE as a complex-number
-rotation and as Hugging Face Llama's, the uncached forward (every decoding step), the dense kernel (graph and
-SDPA), each sentence alone (batching)."""
+"""Positions beyond TUPE: T5's relative buckets alone, ALiBi, rotary (RoPE), no positions in the decoder, and
+randomised positions over any of them. Oracles: the ALiBi paper's slopes and formula written out, Hugging Face
+T5's bucketing, RoPE as a complex-number rotation and as Hugging Face Llama's, the uncached forward (every
+decoding step), the dense kernel (graph and SDPA), each sentence alone (batching), the default positions (an
+index 0 .. L-1), translation invariance (relative schemes), an uninterrupted run (resume)."""
 
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 import torch
 
-from conftest import assert_kernels_and_batching_agree, assert_steps_equal_full_forward, padded_batch
+from conftest import assert_kernels_and_batching_agree, assert_steps_equal_full_forward, padded_batch, tiny_config
 from tformer.api import build_model
-from tformer.config import ModelConfig
+from tformer.config import Config, ModelConfig
 from tformer.errors import ConfigError
 from tformer.export import check_exportable
-from tformer.positions import (ALiBiBias, RelativeBias, RelativeOnlyBias, alibi_slopes, relative_bucket, rotary_angles,
-                               rotate)
+from tformer.positions import (ALiBiBias, RandomPositions, RelativeBias, RelativeOnlyBias, alibi_slopes, relative_bucket,
+                               rotary_angles, rotate)
 
 SCHEMES = [("relative", ""), ("alibi", ""), ("sinusoidal", "none"), ("alibi", "relative"), ("relative", "none"),
            ("rotary", ""), ("sinusoidal", "rotary")]
@@ -155,8 +157,6 @@ def test_rotary_self_attention_is_its_formula():
 def test_rotary_settings_that_cannot_work_are_refused():
     with pytest.raises(ConfigError, match="head size d_model / n_heads must be even"):
         _cfg("rotary", d_model=12, n_heads=4)
-    with pytest.raises(ConfigError, match="rotary is not yet available in the universal transformer"):
-        _cfg("rotary", kind="universal")
 
 
 def test_no_positions_in_an_encoder_is_refused_with_the_reason():
@@ -175,8 +175,8 @@ def test_export_refuses_them_by_name(positions, decoder):
 # ------------------------------------------------------------------------------------------ in the model
 
 
-def _kinds(schemes):  # rotary is refused in the universal transformer (test_rotary_settings_that_cannot_work...)
-    return [(p, d, k) for p, d in schemes for k in ("vanilla", "universal") if not ("rotary" in (p, d) and k != "vanilla")]
+def _kinds(schemes):
+    return [(p, d, k) for p, d in schemes for k in ("vanilla", "universal")]
 
 
 @pytest.mark.parametrize("attention", ["dense", "sdpa", "graph"])
@@ -205,3 +205,134 @@ def test_decoder_without_positions_still_tells_order_apart():
         a = m(src, sl, tgt, torch.tensor([4])).real()
         b = m(src, sl, tgt.flip(1), torch.tensor([4])).real()
     assert not torch.allclose(a, b.flip(0), atol=1e-4)
+
+
+def test_rotary_universal_decoding_reads_halted_keys_at_their_positions():
+    """The universal transformer recomputes a halted position's keys at later ACT steps from its final state
+    (DecoderCache.anchors): with rotary those keys must be turned by their own positions, not the query's.
+    Halting early (a high halting bias) makes positions halt at different steps, so the recomputed keys are read."""
+    torch.manual_seed(3)
+    m = build_model(_cfg("rotary", kind="universal", act_bias_init=2.0, max_steps=4), 20, 20).eval()
+    for stack in (m.encoder, m.decoder):
+        torch.nn.init.normal_(stack.halt.weight, std=2.0)  # positions halt after different numbers of steps
+        torch.nn.init.constant_(stack.halt.bias, 0.5)
+    src, sl = padded_batch([7, 4], seed=2)
+    tgt, tl = padded_batch([6, 3], seed=3)
+    with torch.no_grad():
+        steps = m(src, sl, tgt, tl).ponder[1].steps
+    assert len(set(steps[steps > 0].tolist())) > 1  # the halted-keys path is exercised
+    assert_steps_equal_full_forward(m)
+
+
+# ------------------------------------------------------------------------------------------ randomised positions
+
+
+def test_random_positions_are_sorted_distinct_in_range_and_seeded():
+    for length, high in [(1, 8), (5, 8), (8, 8), (20, 256), (30, 16)]:
+        drawn = RandomPositions(high, 1, 7, 0, 0)(length)
+        assert drawn.shape == (length,) and drawn.dtype == torch.long
+        assert torch.all(drawn[1:] > drawn[:-1])  # sorted and distinct
+        assert 0 <= int(drawn.min()) and int(drawn.max()) < max(high, length)
+    a = [RandomPositions(256, 1, step, 0, 0)(20) for step in (5, 6)]
+    assert torch.equal(a[0], RandomPositions(256, 1, 5, 0, 0)(20))  # the same key, the same draw
+    assert not torch.equal(a[0], a[1])  # another update, another draw
+    assert not torch.equal(a[0], RandomPositions(256, 2, 5, 0, 0)(20))  # another seed
+    assert not torch.equal(a[0], RandomPositions(256, 1, 5, 1, 0)(20))  # another process
+    draws = torch.cat([RandomPositions(64, 1, s, 0, 0)(10) for s in range(400)])
+    counts = torch.bincount(draws, minlength=64).float()  # uniform over the range: 62.5 expected per position
+    assert counts.min() > 30 and counts.max() < 100
+
+
+def test_shifted_positions_are_consecutive_from_a_uniform_start():
+    starts = []
+    for step in range(300):
+        drawn = RandomPositions(40, 1, step, 0, 0, draw="shift")(11)
+        assert torch.equal(drawn, torch.arange(11) + drawn[0])  # consecutive: the distances of inference
+        assert 0 <= int(drawn[0]) and int(drawn[-1]) < 40
+        starts.append(int(drawn[0]))
+    assert set(starts) == set(range(30))  # every start 0 .. high - L is drawn
+    assert torch.equal(RandomPositions(8, 1, draw="shift")(12), torch.arange(12))  # longer than the range
+    with pytest.raises(ValueError, match="unknown draw 'spread'; choose one of sorted, shift"):
+        RandomPositions(8, draw="spread")
+
+
+def _index(offset: int):
+    return lambda n, device="cpu": torch.arange(n, device=device) + offset
+
+
+@pytest.mark.parametrize("positions,decoder,kind", _kinds(SCHEMES + [("sinusoidal", ""), ("learned", ""),
+                                                                     ("tupe-r", "")]))
+def test_positions_index_of_the_slots_is_the_default(positions, decoder, kind):
+    """An index 0 .. L-1 gives the forward without one; shifted by 5, the relative schemes (no absolute term)
+    give it too, and the absolute ones do not."""
+    torch.manual_seed(6)
+    m = build_model(_cfg(positions, decoder, kind=kind), 20, 20).eval()
+    src, sl = padded_batch([7, 4, 2], seed=8)
+    tgt, tl = padded_batch([5, 6, 1], seed=9)
+    with torch.no_grad():
+        want = m(src, sl, tgt, tl).real()
+        torch.testing.assert_close(m(src, sl, tgt, tl, positions=_index(0)).real(), want, rtol=1e-5, atol=1e-6)
+        shifted = m(src, sl, tgt, tl, positions=_index(5)).real()
+    relative = {positions, decoder or positions} <= {"relative", "alibi", "rotary", "none"}
+    assert torch.allclose(shifted, want, rtol=1e-4, atol=1e-5) == relative
+
+
+@pytest.mark.parametrize("positions,decoder,kind", _kinds(SCHEMES + [("sinusoidal", ""), ("tupe-r", "")]))
+def test_random_positions_reach_every_kernel_alike(positions, decoder, kind):
+    """Under one draw of randomised positions the graph (packed) and SDPA kernels give the dense one's states,
+    and the draw changes them (the positions are read)."""
+    torch.manual_seed(4)
+    cfg = _cfg(positions, decoder, attention="dense", kind=kind)
+    dense = build_model(cfg, 20, 20).eval()
+    src, sl = padded_batch([9, 2, 5, 7, 1, 4, 6], seed=5)
+    tgt, tl = padded_batch([7, 1, 4, 3, 2, 6, 5], seed=6)
+    with torch.no_grad():
+        want = dense(src, sl, tgt, tl, positions=RandomPositions(64, 1, 2, 0, 0)).real()
+        assert not torch.allclose(want, dense(src, sl, tgt, tl).real(), atol=1e-4)
+        for attention in ("sdpa", "graph"):
+            other = build_model(dataclasses.replace(cfg, attention=attention), 20, 20).eval()
+            other.load_state_dict(dense.state_dict())
+            got = other(src, sl, tgt, tl, positions=RandomPositions(64, 1, 2, 0, 0)).real()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
+
+
+def test_random_positions_are_the_bias_of_the_drawn_positions():
+    """ALiBi under an index: the bias the first layer adds is -m |p_i - p_j| at the drawn positions p."""
+    torch.manual_seed(5)
+    m = build_model(_cfg("alibi"), 20, 20).eval()
+    src, sl = padded_batch([6], seed=1)
+    index = RandomPositions(50, 3)(6)
+    side = m.source(src, sl, index)
+    distance = (index[:, None] - index[None, :]).abs().float()
+    torch.testing.assert_close(side.bias[0], -alibi_slopes(4)[:, None, None] * distance)
+
+
+def test_random_positions_settings_that_cannot_work_are_refused():
+    with pytest.raises(ConfigError, match="train.random_positions.*max_positions=64.*at least 256"):
+        Config.from_yaml("copy", ["model.positions=learned", "model.max_positions=64", "train.random_positions=256"])
+    with pytest.raises(ConfigError, match="train.random_positions.*untie_first"):
+        Config.from_yaml("copy", ["model.positions=tupe", "model.untie_first=true", "train.random_positions=64"])
+    Config.from_yaml("copy", ["model.positions=relative", "train.random_positions=10000"])  # no table to outgrow
+
+
+def test_training_with_random_positions_resumes_exactly(tmp_path):
+    """Randomised positions are drawn from the seed and the update: a run stopped after 3 updates and resumed
+    ends with the weights of an uninterrupted one; another seed draws others and ends elsewhere."""
+    from tformer.api import load, train
+
+    def cfg(steps, seed=1):
+        c = tiny_config(positions="relative", relative_buckets=8, relative_max_distance=6)
+        return dataclasses.replace(c, train=dataclasses.replace(c.train, random_positions=64, max_steps=steps,
+                                                                epochs=100, seed=seed, log_every=1))
+
+    def weights(run):
+        return load(run, which="latest", device="cpu").model.state_dict()
+
+    train(cfg(6), tmp_path / "whole")
+    train(cfg(3), tmp_path / "part")
+    train(cfg(6), tmp_path / "part", resume=True)
+    whole, part = weights(tmp_path / "whole"), weights(tmp_path / "part")
+    assert all(torch.equal(whole[k], part[k]) for k in whole)
+    train(dataclasses.replace(cfg(6), train=dataclasses.replace(cfg(6).train, random_positions=0)), tmp_path / "off")
+    off = weights(tmp_path / "off")
+    assert not all(torch.equal(whole[k], off[k]) for k in whole)  # the draws changed the updates

@@ -123,9 +123,6 @@ class ModelConfig:
         _check(not rotary or (self.d_model // self.n_heads) % 2 == 0, "model.positions",
                f"rotary turns pairs of dimensions: the head size d_model / n_heads must be even, got "
                f"{self.d_model // self.n_heads}")
-        _check(not rotary or self.kind == "vanilla", "model.positions",
-               "rotary is not yet available in the universal transformer (its ACT steps recompute halted "
-               "positions' keys outside the attention call that rotates them); use relative or alibi there")
         _check(self.side_positions("encoder") != "none", "model.positions",
                "'none' leaves the encoder without positions: self-attention without a causal mask is "
                "permutation-equivariant, so it would read a sentence as a bag of tokens; use positions 'none' "
@@ -283,6 +280,11 @@ class TrainConfig:
     attention_examples: int = 0  # record the attention of this many validation examples at every evaluation
     # (RUN_DIR/attention/, animated by `tformer animate`)
     tensorboard: bool = False  # also log the metrics to RUN_DIR/tensorboard (needs the tensorboard package)
+    random_positions: int = 0  # randomised positions: train on positions drawn from 0 .. N-1, fresh per batch,
+    # under any scheme (inference reads 0 .. L-1); N well past the training lengths (e.g. 10x) lets short examples
+    # teach the positions of long ones. 0 = off. See tformer.positions.RandomPositions
+    random_draw: Literal["sorted", "shift"] = "sorted"  # random_positions: sorted, L distinct positions (Ruoss et
+    # al. 2023); shift, L consecutive ones from a random start (SHAPE, Kiyono et al. 2021)
     init_from: str = ""  # fine-tune: start from this model (a run or checkpoint folder, or a Hugging Face / Marian
     # folder), with its architecture and tokenizers; the optimizer and the step start afresh (tformer.training.start)
 
@@ -302,6 +304,8 @@ class TrainConfig:
         _check(self.clip_norm >= 0, "train.clip_norm", f"must be >= 0, got {self.clip_norm}")
         _check(0.0 <= self.ema < 1.0, "train.ema", f"is a decay in [0, 1) (0: no average), got {self.ema}")
         _check(self.ponder_weight >= 0, "train.ponder_weight", f"must be >= 0, got {self.ponder_weight}")
+        _check(self.random_positions >= 0, "train.random_positions", f"must be >= 0 (0 = off), got "
+               f"{self.random_positions}")
         _check(0.0 <= self.target_exact_match <= 1.0, "train.target_exact_match",
                f"is a fraction in [0, 1], got {self.target_exact_match}")
 
@@ -368,6 +372,13 @@ class Config:
                f"{'features' if speech else 'tokens'}")
         _check(not (speech and self.model.share_embeddings), "model.share_embeddings",
                "a frame encoder has no source embeddings to share")
+        n, m = self.train.random_positions, self.model
+        tables = {"learned", "tupe", "tupe-r"} & {m.side_positions("encoder"), m.side_positions("decoder")}
+        _check(not (n and tables) or n <= m.max_positions, "train.random_positions",
+               f"draws positions up to {n - 1}, past the learned table of model.max_positions={m.max_positions} "
+               f"rows ({', '.join(sorted(tables))}): raise model.max_positions to at least {n}")
+        _check(not (n and m.untie_first), "train.random_positions",
+               "model.untie_first unties position 0, which randomised positions rarely draw: use one or the other")
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: Sequence[str] = ()) -> "Config":

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import zlib
 from typing import NamedTuple
 
 import torch
@@ -158,11 +159,25 @@ class RelativeBias(nn.Module):
         return self.values(bucket).permute(2, 0, 1)  # (H, Lq, Lk)
 
 
-class TupeBias(nn.Module):
-    """TUPE's positional attention bias, shared by all layers of one side (encoder or decoder).
+class AttentionBias(nn.Module):
+    """A positional bias on the self-attention scores, shared by all layers of one side (encoder or decoder).
 
-    forward(Lq, Lk, q_offset) -> (H, Lq, Lk): queries at positions q_offset .. q_offset + Lq - 1, keys at
-    0 .. Lk - 1 (self-attention; a decoding step is one query at position t against keys 0 .. t).
+        at(q_pos (Lq,), k_pos (Lk,)) -> (H, Lq, Lk)   the bias between queries and keys at these positions
+        forward(Lq, Lk, q_offset)   -> (H, Lq, Lk)   queries at q_offset .. q_offset + Lq - 1, keys at 0 .. Lk - 1
+                                                     (self-attention; a decoding step is one query at position t
+                                                     against keys 0 .. t)
+    """
+
+    def at(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, n_queries: int, n_keys: int, q_offset: int = 0) -> Tensor:
+        device = next(iter([*self.parameters(), *self.buffers()])).device
+        return self.at(torch.arange(q_offset, q_offset + n_queries, device=device), torch.arange(n_keys, device=device))
+
+
+class TupeBias(AttentionBias):
+    """TUPE's positional attention bias.
 
         bias[h, i, j] = (LN(p_i) U^Q_h) . (LN(p_j) U^K_h) / sqrt(2 Dh)   (+ relative[h, bucket(j - i)])
 
@@ -187,10 +202,7 @@ class TupeBias(nn.Module):
         p = self.norm(self.table(clamp_positions(positions, self.max_positions, self)))  # (L, D)
         return proj(p).view(-1, self.n_heads, self.head_dim).transpose(0, 1)  # (H, L, Dh)
 
-    def forward(self, n_queries: int, n_keys: int, q_offset: int = 0) -> Tensor:
-        device = self.table.weight.device
-        q_pos = torch.arange(q_offset, q_offset + n_queries, device=device)  # (Lq,)
-        k_pos = torch.arange(n_keys, device=device)  # (Lk,)
+    def at(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         bias = torch.matmul(self._heads(self.q_proj, q_pos), self._heads(self.k_proj, k_pos).transpose(1, 2))
         bias = bias * self.scale  # (H, Lq, Lk)
         if self.relative is not None:
@@ -214,32 +226,28 @@ def alibi_slopes(n_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-class ALiBiBias(nn.Module):
-    """ALiBi: forward(Lq, Lk, q_offset) -> (H, Lq, Lk), bias[h, i, j] = -m_h |(q_offset + i) - j|. No weights: the
-    slopes are a buffer, not saved (a checkpoint of an ALiBi model holds nothing for its positions)."""
+class ALiBiBias(AttentionBias):
+    """ALiBi: bias[h, i, j] = -m_h |p_i - p_j| for a query at p_i and a key at p_j. No weights: the slopes are a
+    buffer, not saved (a checkpoint of an ALiBi model holds nothing for its positions)."""
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
-    def forward(self, n_queries: int, n_keys: int, q_offset: int = 0) -> Tensor:
-        q_pos = torch.arange(q_offset, q_offset + n_queries, device=self.slopes.device)  # (Lq,)
-        k_pos = torch.arange(n_keys, device=self.slopes.device)  # (Lk,)
+    def at(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Lq, Lk)
         return -self.slopes[:, None, None] * distance  # (H, Lq, Lk)
 
 
-class RelativeOnlyBias(nn.Module):
-    """T5's relative attention bias with no absolute term: forward(Lq, Lk, q_offset) -> (H, Lq, Lk)."""
+class RelativeOnlyBias(AttentionBias):
+    """T5's relative attention bias with no absolute term."""
 
     def __init__(self, relative: RelativeBias) -> None:
         super().__init__()
         self.relative = relative
 
-    def forward(self, n_queries: int, n_keys: int, q_offset: int = 0) -> Tensor:
-        device = self.relative.values.weight.device
-        q_pos = torch.arange(q_offset, q_offset + n_queries, device=device)  # (Lq,)
-        return self.relative(q_pos, torch.arange(n_keys, device=device))  # (H, Lq, Lk)
+    def at(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return self.relative(q_pos, k_pos)  # (H, Lq, Lk)
 
 
 ROTARY_LAYOUTS = ("interleaved", "halves")
@@ -270,9 +278,56 @@ class Rotary(NamedTuple):
     cos: Tensor  # (L, Dh/2)
     sin: Tensor  # (L, Dh/2)
     layout: str
+    base: float = 10000.0
+
+    @classmethod
+    def build(cls, positions: Tensor, head_dim: int, base: float, layout: str) -> "Rotary":
+        """The angles of positions (L,) for heads of head_dim dimensions."""
+        return cls(*rotary_angles(positions, head_dim, base), layout, base)
 
     def __call__(self, x: Tensor) -> Tensor:
         return rotate(x, self.cos, self.sin, self.layout)  # (..., L, Dh)
+
+    def select(self, rows: Tensor) -> "Rotary":
+        """The angles of some of the rows (R,) (the positions an ACT step still runs)."""
+        return self._replace(cos=self.cos[rows], sin=self.sin[rows])
+
+    def at(self, positions: Tensor) -> "Rotary":
+        """The same rotation at other positions (L',)."""
+        return Rotary.build(positions.to(self.cos.device), 2 * self.cos.shape[-1], self.base, self.layout)
+
+
+RANDOM_DRAWS = ("sorted", "shift")
+
+
+class RandomPositions:
+    """Randomised positions, a training-time option over any scheme: a batch's L slots get positions drawn from
+    0 .. high-1, the same for every sentence of the batch and for both sides (source and target slot i share a
+    position, as at inference, where both read 0 .. L-1). Two draws:
+
+        sorted  L distinct positions drawn uniformly, sorted (Ruoss et al. 2023): short training sequences meet
+                the positions and the distances of long ones. Their code draws at test time too; tformer decodes
+                at 0 .. L-1 (deterministic, the same in any batch), which such a model has rarely seen
+        shift   L consecutive positions from a uniform random start in 0 .. high-L (SHAPE, Kiyono et al. 2021):
+                every absolute position up to high-1 is trained, with the distances of inference; the relative
+                schemes (relative, alibi, rotary) cannot tell a shift apart, so it changes nothing for them
+
+    Draws come from a generator seeded by `key` (the seed, the update, the process and the batch): the same on
+    every run, and after a resume. A batch longer than `high` draws from 0 .. L-1."""
+
+    def __init__(self, high: int, *key: int, draw: str = "sorted") -> None:
+        if draw not in RANDOM_DRAWS:
+            raise ValueError(f"unknown draw {draw!r}; choose one of {', '.join(RANDOM_DRAWS)}")
+        self.high, self.draw = high, draw
+        self.generator = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+    def __call__(self, length: int, device: torch.device | str = "cpu") -> Tensor:
+        """The positions (L,) of slots 0 .. L-1: increasing, each < max(high, L)."""
+        high = max(self.high, length)
+        if self.draw == "shift":
+            start = int(torch.randint(high - length + 1, (1,), generator=self.generator))
+            return torch.arange(start, start + length, device=device)
+        return torch.randperm(high, generator=self.generator)[:length].sort().values.to(device)
 
 
 TUPE = ("tupe", "tupe-r")

@@ -127,7 +127,8 @@ class MultiHeadAttention(nn.Module):
         which this call's keys and values are appended (a KVBuffer: in place, T = 1); static_kv: keys and
         values given whole (k, v), from `project_kv`. mask / bias: see tformer.attention.kernels. rotary:
         self-attention only, RoPE (tformer.positions.Rotary) for this call's rows, applied to their queries and
-        keys (keys are cached rotated).
+        keys (keys are cached rotated); with `static_kv`, to the queries alone (the keys come rotated by their
+        own positions: the universal transformer's steps, where the queries are a subset of the rows).
         """
         D = self.d_model
         if memory is None and static_kv is None:
@@ -142,6 +143,8 @@ class MultiHeadAttention(nn.Module):
                 v = torch.cat([past[1], v], dim=2)
         else:
             q = self._queries(self._split(self.project(query, "q")))  # (B, H, T, Dh)
+            if rotary is not None:
+                q = rotary(q)
             k, v = static_kv if static_kv is not None else self.project_kv(memory)  # (B, G, S, Dh)
         p = self.dropout if self.training else 0.0
         out, weights = self.kernel(q, self._grouped(k), self._grouped(v), mask=mask, bias=bias, dropout_p=p,

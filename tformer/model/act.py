@@ -40,7 +40,7 @@ from tformer.model.cache import KV, DecoderCache
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Selection
 from tformer.model.stack import Decoded, Encoded, Side
-from tformer.positions import sinusoidal_table
+from tformer.positions import Rotary, sinusoidal_table
 
 
 class Ponder(NamedTuple):
@@ -85,6 +85,11 @@ class ACT:
 
     def ponder(self) -> Ponder:
         return Ponder(self.steps, self.remainders)
+
+
+def rows_rotary(rotary: Rotary | None, sel: Selection) -> Rotary | None:
+    """RoPE's angles for the query rows a step computes (all of them, or the running ones)."""
+    return rotary if rotary is None or sel.rows is None else rotary.select(sel.rows)
 
 
 LayerCall = Callable[[Tensor, Selection, "KV | None"], "tuple[Tensor, object]"]
@@ -134,27 +139,28 @@ class ACTStack(nn.Module):
                 x_run = x_in[:, rows]  # (1, R, D)
                 p = x_in.new_zeros(act.running.shape).index_copy(1, rows, self.halting(x_run))  # (1, N)
                 w, _ = act.weights(p)
-                new, extra = call(x_run, sel, self._keys(x_in, sel.self_mask))
+                new, extra = call(x_run, sel, self._keys(x_in, sel.self_mask, side.rotary))
                 state = state.index_copy(1, rows, new)
                 out = out.index_add(1, rows, w[:, rows, None] * new)
             extras.append(extra)
         ponder = act.ponder()
         return self.norm(out), extras, Ponder(layout.padded(ponder.steps), layout.padded(ponder.remainders))
 
-    def _keys(self, x_in: Tensor, graph: Graph) -> KV:
+    def _keys(self, x_in: Tensor, graph: Graph, rotary: Rotary | None) -> KV:
         """Self-attention keys and values (1, H, N, Dh) of the rows that running queries read (running or
-        halted, their current coordinates); rows no edge reads (sentences that have all halted, positions
-        after a causal query) are left zero, never computed."""
+        halted, their current coordinates; keys turned by RoPE at their positions); rows no edge reads
+        (sentences that have all halted, positions after a causal query) are left zero, never computed."""
         rows = graph.key_rows()  # (K,)
         if rows.numel() == x_in.shape[1]:
-            return self.layer.self_kv(x_in)
-        k, v = self.layer.self_kv(x_in[:, rows])  # (1, H, K, Dh) each
+            return self.layer.self_kv(x_in, rotary)
+        k, v = self.layer.self_kv(x_in[:, rows], None if rotary is None else rotary.select(rows))  # (1, H, K, Dh)
         full = k.new_zeros(*k.shape[:2], x_in.shape[1], k.shape[-1])
         return full.index_copy(2, rows, k), full.index_copy(2, rows, v)
 
     def encode(self, side: Side, need_weights: bool = False) -> Encoded:
         def call(x: Tensor, sel: Selection, keys: KV | None) -> tuple[Tensor, Tensor | None]:
-            return self.layer(x, sel.self_mask, bias=side.bias, need_weights=need_weights, keys=keys)
+            return self.layer(x, sel.self_mask, bias=side.bias, need_weights=need_weights, keys=keys,
+                              rotary=rows_rotary(side.rotary, sel))
 
         x, weights, ponder = self._ponder(side, call, None, need_weights)
         return Encoded(x, weights, ponder)
@@ -164,7 +170,7 @@ class ACTStack(nn.Module):
 
         def call(x: Tensor, sel: Selection, keys: KV | None) -> tuple[Tensor, tuple]:
             o = self.layer(x, sel.self_mask, kv, sel.cross_mask, self_bias=side.bias, need_weights=need_weights,
-                           keys=keys, layout=side.layout)
+                           keys=keys, layout=side.layout, rotary=rows_rotary(side.rotary, sel))
             return o.x, (o.self_weights, o.cross_weights)
 
         x, weights, ponder = self._ponder(side, call, cross_mask, need_weights)
@@ -173,16 +179,18 @@ class ACTStack(nn.Module):
     def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
         return DecoderCache(src_mask, [self.layer.cross_attn.project_kv(memory)])
 
-    def _past(self, cache: DecoderCache, kvs: list[KV], step: int) -> KV:
+    def _past(self, cache: DecoderCache, kvs: list[KV], step: int, rotary: Rotary | None) -> KV:
         """Step `step`'s keys and values of positions 0 .. t-1 (N, H, t, Dh): cached where the position ran
-        that step, else computed from its final state with this step's coordinates (it had halted)."""
+        that step, else computed from its final state with this step's coordinates (it had halted; RoPE turns
+        the keys by their positions m .. t-1 then)."""
         t = cache.t
         k = v = None
         if step < len(kvs):
             k, v = kvs[step]
         m = 0 if k is None else k.shape[2]
         if m < t:
-            fk, fv = self.layer.self_kv(cache.anchors[:, m:] + self.time[step])  # (N, H, t-m, Dh)
+            turn = None if rotary is None else rotary.at(torch.arange(m, t))
+            fk, fv = self.layer.self_kv(cache.anchors[:, m:] + self.time[step], turn)  # (N, H, t-m, Dh)
             k, v = (fk, fv) if k is None else (torch.cat([k, fk], 2), torch.cat([v, fv], 2))
         return k, v
 
@@ -198,9 +206,9 @@ class ACTStack(nn.Module):
         while not act.done:
             s = act.step
             x_in = self.coordinates(state, side.positions, s)  # (N, 1, D)
-            k, v = self.layer.self_kv(x_in)  # (N, H, 1, Dh): every hypothesis's, halted ones frozen
+            k, v = self.layer.self_kv(x_in, side.rotary)  # (N, H, 1, Dh): every hypothesis's, halted ones frozen
             if t:
-                pk, pv = self._past(cache, kvs, s)
+                pk, pv = self._past(cache, kvs, s, side.rotary)
                 k, v = torch.cat([pk, k], 2), torch.cat([pv, v], 2)  # (N, H, t+1, Dh)
             kvs[s:s + 1] = [(k, v)]
             sel = layout.select(act.running, self_mask, cross_mask)
@@ -211,7 +219,7 @@ class ACTStack(nn.Module):
             keys = (k, v) if sel.hyp_rows is None else tuple(x.index_select(0, sel.hyp_rows) for x in (k, v))
             memory = cross if sel.sentence_rows is None else tuple(c.index_select(0, sel.sentence_rows) for c in cross)
             o = self.layer(x_run, sel.self_mask, memory, sel.cross_mask, self_bias=side.bias, keys=keys,
-                           layout=layout)
+                           layout=layout, rotary=side.rotary)  # every row is at position t
             state = state.index_copy(0, rows, o.x)
             out = out.index_add(0, rows, w[rows][..., None] * o.x)
         anchor = state if side.positions is None else state + side.positions  # (N, 1, D)

@@ -73,6 +73,11 @@ class Residual(nn.Module):
         return x if self.pre else self.norm(x)
 
 
+def rotated_kv(kv: tuple[Tensor, Tensor], rotary: "Rotary | None") -> tuple[Tensor, Tensor]:
+    k, v = kv
+    return (k if rotary is None else rotary(k)), v
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -83,9 +88,10 @@ class EncoderLayer(nn.Module):
         self.res_attn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
         self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
 
-    def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The self-attention keys and values that rows x (B, S, D) offer: (B, H, S, Dh) each."""
-        return self.self_attn.project_kv(self.res_attn.inp(x))
+    def self_kv(self, x: Tensor, rotary: "Rotary | None" = None) -> tuple[Tensor, Tensor]:
+        """The self-attention keys and values that rows x (B, S, D) offer: (B, H, S, Dh) each; the keys turned
+        by RoPE's angles for these rows when given."""
+        return rotated_kv(self.self_attn.project_kv(self.res_attn.inp(x)), rotary)
 
     def forward(
         self, x: Tensor, mask: Tensor, bias: Tensor | None = None, need_weights: bool = False,
@@ -121,9 +127,10 @@ class DecoderLayer(nn.Module):
         self.res_cross = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
         self.res_ffn = Residual(d, cfg.norm, eps, cfg.dropout, cfg.norm_layer)
 
-    def self_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The self-attention keys and values that rows x (B, T, D) offer: (B, H, T, Dh) each."""
-        return self.self_attn.project_kv(self.res_self.inp(x))
+    def self_kv(self, x: Tensor, rotary: "Rotary | None" = None) -> tuple[Tensor, Tensor]:
+        """The self-attention keys and values that rows x (B, T, D) offer: (B, H, T, Dh) each (keys turned by
+        RoPE when given)."""
+        return rotated_kv(self.self_attn.project_kv(self.res_self.inp(x)), rotary)
 
     def forward(
         self,

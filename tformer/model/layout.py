@@ -44,8 +44,9 @@ def structured(mask: Tensor, pattern: Tensor, real: Tensor) -> Tensor:
 class Padded:
     packed = False
 
-    def __init__(self, lengths: Tensor, length: int) -> None:
+    def __init__(self, lengths: Tensor, length: int, index: Tensor | None = None) -> None:
         self.lengths, self.mask = lengths, padding_mask(lengths, length)  # (B,), (B, L)
+        self.index = index  # (L,) the position of each slot 0 .. L-1 when not the slot itself (randomised positions)
 
     @property
     def length(self) -> int:
@@ -56,8 +57,12 @@ class Padded:
         return x
 
     def positions(self) -> Tensor | slice:
-        """The position of every row in its sentence: 0 .. L-1 for every sentence alike."""
-        return slice(0, self.length)
+        """The position of every row in its sentence: 0 .. L-1 for every sentence alike (or the index's)."""
+        return slice(0, self.length) if self.index is None else self.index
+
+    def slot_positions(self, n: int) -> Tensor:
+        """The positions (n,) of a sentence's first n slots: what a bias table is computed over."""
+        return torch.arange(n, device=self.mask.device) if self.index is None else self.index[:n]
 
     def self_mask(self, structure: Structure, causal: bool) -> Tensor:
         real = self.mask
@@ -96,8 +101,8 @@ class Padded:
 class Packed(Padded):
     packed = True
 
-    def __init__(self, lengths: Tensor, length: int) -> None:
-        super().__init__(lengths, length)
+    def __init__(self, lengths: Tensor, length: int, index: Tensor | None = None) -> None:
+        super().__init__(lengths, length, index)
         self.n = int(lengths.sum())
 
     def take(self, x: Tensor) -> Tensor:
@@ -105,7 +110,8 @@ class Packed(Padded):
         return x[self.mask][None]
 
     def positions(self) -> Tensor:
-        return packed_positions(self.lengths)[None]  # (1, N)
+        slots = packed_positions(self.lengths)  # (N,)
+        return (slots if self.index is None else self.index[slots])[None]  # (1, N)
 
     def self_mask(self, structure: Structure, causal: bool) -> Graph:
         return self_graph(self.lengths, structure, causal=causal)

@@ -47,7 +47,7 @@ from tformer.model.embeddings import Embeddings, FrameEmbeddings
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout, Packed, Padded, Step
 from tformer.model.stack import LayerStack, Side, final_norm
-from tformer.positions import Rotary, build_attention_bias, build_positions, rotary_angles
+from tformer.positions import RandomPositions, Rotary, build_attention_bias, build_positions
 from tformer.structures import Structure, build_structure
 
 if TYPE_CHECKING:
@@ -162,8 +162,10 @@ class Transformer(nn.Module):
         """True when attention runs on graphs over packed tokens (model.attention: graph)."""
         return self.cfg.attention == "graph"
 
-    def layout(self, lengths: Tensor, length: int) -> Layout:
-        return (Packed if self.packed else Padded)(lengths, length)
+    def layout(self, lengths: Tensor, length: int, positions: Tensor | None = None) -> Layout:
+        """The layout of a side's batch; `positions` (>= L,): the slots' positions (randomised, in training),
+        else 0 .. L-1."""
+        return (Packed if self.packed else Padded)(lengths, length, None if positions is None else positions[:length])
 
     def _side(self, embed: Embeddings | FrameEmbeddings, inputs: Tensor, layout: Layout, structure: Structure,
               causal: bool, bias: nn.Module | None) -> Side:
@@ -171,7 +173,7 @@ class Transformer(nn.Module):
         structure and TUPE's bias (over the longest sentence: padded width, or the longest packed one)."""
         e = embed(layout.take(inputs), layout.positions())
         L = layout.length if not layout.packed else int(layout.lengths.max())
-        table = None if bias is None else bias(L, L)  # (H, L, L)
+        table = None if bias is None else bias.at(layout.slot_positions(L), layout.slot_positions(L))  # (H, L, L)
         rotary = self._rotary("decoder" if causal else "encoder", layout.positions(), e.x.device)
         return Side(e.x, e.positions, layout, layout.self_mask(structure, causal), layout.bias(table), rotary)
 
@@ -181,35 +183,37 @@ class Transformer(nn.Module):
             return None
         if isinstance(positions, slice):
             positions = torch.arange(positions.start, positions.stop, device=device)
-        cos, sin = rotary_angles(positions.reshape(-1), self.cfg.d_model // self.cfg.n_heads, self.cfg.rotary_base)
-        return Rotary(cos, sin, self.cfg.rotary_layout)  # (L, Dh/2) each
+        return Rotary.build(positions.reshape(-1), self.cfg.d_model // self.cfg.n_heads, self.cfg.rotary_base,
+                            self.cfg.rotary_layout)  # (L, Dh/2) each
 
-    def source(self, src: Tensor, src_lengths: Tensor) -> Side:
+    def source(self, src: Tensor, src_lengths: Tensor, positions: Tensor | None = None) -> Side:
         """src (B, S) token ids, or (B, S, F) float frames (S' = model frames after stacking)."""
         if isinstance(self.src_embed, FrameEmbeddings):
             src, src_lengths = self.src_embed.frames(src, src_lengths)  # (B, S', D), model frames per utterance
-        layout = self.layout(src_lengths, src.shape[1])
+        layout = self.layout(src_lengths, src.shape[1], positions)
         return self._side(self.src_embed, src, layout, self.encoder_structure, False, self.src_bias)
 
-    def target(self, tgt_in: Tensor, tgt_lengths: Tensor) -> Side:
-        layout = self.layout(tgt_lengths, tgt_in.shape[1])
+    def target(self, tgt_in: Tensor, tgt_lengths: Tensor, positions: Tensor | None = None) -> Side:
+        layout = self.layout(tgt_lengths, tgt_in.shape[1], positions)
         return self._side(self.tgt_embed, tgt_in, layout, self.decoder_structure, True, self.tgt_bias)
 
-    def encode(self, src: Tensor, src_lengths: Tensor, need_weights: bool = False) -> EncoderOutput:
+    def encode(self, src: Tensor, src_lengths: Tensor, need_weights: bool = False,
+               positions: Tensor | None = None) -> EncoderOutput:
         """src (B, S) token ids, or (B, S, F) float frames; src_lengths (B,) -> memory (B, S, D) (S' model
-        frames for features), or (1, Ns, D) packed."""
-        side = self.source(src, src_lengths)
+        frames for features), or (1, Ns, D) packed. `positions` (>= S,): the slots' positions when not
+        0 .. S-1 (randomised positions, in training)."""
+        side = self.source(src, src_lengths, positions)
         out = self.encoder.encode(side, need_weights)
         return EncoderOutput(out.x, side.layout.mask, out.weights if need_weights else None,
                              side.mask if side.layout.packed else None, out.ponder, side.layout)
 
-    def decode(self, tgt_in: Tensor, tgt_lengths: Tensor, enc: EncoderOutput,
-               need_weights: bool = False) -> ModelOutput:
+    def decode(self, tgt_in: Tensor, tgt_lengths: Tensor, enc: EncoderOutput, need_weights: bool = False,
+               positions: Tensor | None = None) -> ModelOutput:
         """tgt_in (B, T) = BOS + target, all positions at once -> hidden (B, T, D), or (1, Nt, D) packed."""
         if self.packed and not enc.packed:
             raise ValueError("the packed (graph) decoder needs a packed encoder output; encode with "
                              "model.attention=graph too")
-        side = self.target(tgt_in, tgt_lengths)
+        side = self.target(tgt_in, tgt_lengths, positions)
         memory_layout = enc.layout if enc.layout is not None else Padded(enc.mask.sum(1), enc.mask.shape[1])
         cross_mask = side.layout.cross_mask(memory_layout)
         out = self.decoder.decode(side, enc.memory, cross_mask, need_weights)
@@ -222,9 +226,12 @@ class Transformer(nn.Module):
         return ModelOutput(out.x, side.layout.mask, att, side.layout.packed, ponder)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_lengths: Tensor,
-                need_weights: bool = False) -> ModelOutput:
-        enc = self.encode(src, src_lengths, need_weights)
-        return self.decode(tgt_in, tgt_lengths, enc, need_weights)
+                need_weights: bool = False, positions: RandomPositions | None = None) -> ModelOutput:
+        """`positions`: randomised positions (train.random_positions), one draw for the batch that both sides
+        share (source and target slot i at the same position, as at inference)."""
+        index = None if positions is None else positions(max(src.shape[1], tgt_in.shape[1]), src.device)
+        enc = self.encode(src, src_lengths, need_weights, index)
+        return self.decode(tgt_in, tgt_lengths, enc, need_weights, index)
 
     # ------------------------------------------------------------------ decoder, one step at a time
 

@@ -30,6 +30,7 @@ from tformer.data import Batch, Vocab, load_task
 from tformer.errors import ConfigError, TformerError, TrainingError
 from tformer.evaluation import evaluate
 from tformer.model import Transformer, build_model
+from tformer.positions import RandomPositions
 from tformer.training import distributed
 from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
                                       load_checkpoint, load_tokenizers, resolve_checkpoint, save_checkpoint,
@@ -98,11 +99,13 @@ class StepLoss(NamedTuple):
     positions: int = 0  # the positions those steps are over
 
 
-def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float = 0.0) -> StepLoss:
+def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float = 0.0,
+                    positions: RandomPositions | None = None) -> StepLoss:
     """Summed smoothed loss, summed nll and correct predictions for one batch (generator on real
     positions only: padding costs no vocabulary projection). A universal transformer adds its ponder cost
-    (N + R summed over real source and target positions) times `ponder_weight` to the loss."""
-    output = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths)
+    (N + R summed over real source and target positions) times `ponder_weight` to the loss. `positions`:
+    randomised positions for this batch (train.random_positions)."""
+    output = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths, positions=positions)
     hidden = output.real()  # (N, D)
     real = batch.tgt_out != Vocab.pad  # (B, T)
     target = batch.tgt_out[real]  # (N,)
@@ -140,7 +143,8 @@ class _Window:
 
 
 def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Batch], lr: float,
-            t: TrainConfig, window: _Window, ctx: Context = Context(), amp: Precision | None = None) -> bool:
+            t: TrainConfig, window: _Window, ctx: Context = Context(), amp: Precision | None = None,
+            step: int = 0) -> bool:
     """One optimizer update over the batches `micro` (gradient accumulation), the loss normalised by
     the target tokens of all of them: exactly one big batch's gradient. Under torchrun `micro` is this
     process's share of the update; gradients and statistics are summed over the processes, and the
@@ -148,7 +152,9 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
 
     Returns False, leaving the weights and the optimizer as they were, when the loss or the gradient norm
     is NaN/inf (every process sees the same sums, so all skip together). Under fp16 an overflowing gradient
-    is the scaler's business (it skips and lowers its scale); only a non-finite loss is a fault there."""
+    is the scaler's business (it skips and lowers its scale); only a non-finite loss is a fault there.
+    `step` (the update's number) seeds randomised positions, with the process and the batch: a resume draws
+    the same ones."""
     tic = time.perf_counter()
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -156,14 +162,16 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
     n_tgt = sum(b.n_tgt_tokens for b in micro)
     # local sums: loss (without ponder), nll, correct, ponder steps, positions, source tokens
     sums = [0.0] * 6
-    for b in micro:
+    for j, b in enumerate(micro):
         b = b.to(ctx.device)
+        positions = (RandomPositions(t.random_positions, t.seed, step, ctx.rank, j, draw=t.random_draw)
+                     if t.random_positions else None)
         with amp.autocast() if amp else contextlib.nullcontext():
-            step = train_step_loss(model, b, t.label_smoothing, t.ponder_weight)
-        loss = step.loss if ctx.enabled else step.loss / n_tgt
+            out = train_step_loss(model, b, t.label_smoothing, t.ponder_weight, positions)
+        loss = out.loss if ctx.enabled else out.loss / n_tgt
         (amp.scaler.scale(loss) if amp and amp.scaler else loss).backward()
-        for i, v in enumerate((float(step.loss.detach()) - step.ponder_loss, float(step.nll.detach()), step.correct,
-                               step.ponder_steps, step.positions, b.n_src_tokens)):
+        for i, v in enumerate((float(out.loss.detach()) - out.ponder_loss, float(out.nll.detach()), out.correct,
+                               out.ponder_steps, out.positions, b.n_src_tokens)):
             sums[i] += v
     if ctx.enabled:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -380,7 +388,8 @@ class Trainer:
         """One update over this process's batches `micro`; the state advances whether it was taken or skipped."""
         state = self.state
         self.lr = learning_rate(state.step + 1, self.t, self.cfg.model.d_model)
-        ok = _update(self.model, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp)
+        ok = _update(self.model, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp,
+                     state.step + 1)
         state.advance(self.batches.per_epoch)
         if ok:
             state.bad_updates = 0
