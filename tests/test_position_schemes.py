@@ -336,3 +336,17 @@ def test_training_with_random_positions_resumes_exactly(tmp_path):
     train(dataclasses.replace(cfg(6), train=dataclasses.replace(cfg(6).train, random_positions=0)), tmp_path / "off")
     off = weights(tmp_path / "off")
     assert not all(torch.equal(whole[k], off[k]) for k in whole)  # the draws changed the updates
+
+
+def test_the_length_recipe_trains_with_random_positions_and_reads_longer_inputs(tmp_path):
+    """copy_lengths (the study's best setting) trains on lengths <= 20 with positions drawn from 0..255, and its
+    model decodes a 60-token input, three times longer than any it trained on, into letters."""
+    from tformer.api import load, train
+
+    cfg = Config.from_yaml("copy_lengths", ["train.max_steps=3", "train.eval_every=3", "data.train_size=500",
+                                            "data.valid_size=20", "data.test_size=20", "train.threads=1"])
+    assert (cfg.train.random_positions, cfg.train.random_draw, cfg.data.max_len) == (256, "sorted", 20)
+    assert cfg.model.positions == "sinusoidal" and cfg.train.random_positions >= 10 * cfg.data.max_len
+    train(cfg, tmp_path / "run")
+    [out] = load(tmp_path / "run", which="latest", device="cpu").translate([" ".join("abcdefghij" * 6)])
+    assert set(out.text.split()) <= set("abcdefghijklmnopqrstuvwxyz")
