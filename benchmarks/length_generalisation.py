@@ -163,6 +163,7 @@ def main() -> None:
     p.add_argument("--buckets", nargs="+", default=["1-20", "21-40", "41-80", "181-200"])
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--table-only", action="store_true", help="print the table of the cells done; train nothing")
+    p.add_argument("--note", default="", help="a paragraph of findings to print (and record) after the notes")
     p.add_argument("--record", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -197,7 +198,7 @@ def main() -> None:
              f"universal: copy_universal's (one shared layer, <= 4 ACT steps); one thread per cell; "
              f"{args.test_size} sequences per bucket. forced: the output length forced to the reference's. "
              f"+rp / +shift: randomised positions drawn from 0..{args.random_range - 1}, sorted / shifted. "
-             f"{minutes:.0f} min of training in all.")
+             f"{minutes:.0f} min of training in all." + (f"\n\n{args.note}" if args.note else ""))
     report("Length generalisation: trained on short sequences, tested on longer ones", table, notes, args.record)
 
 
