@@ -117,7 +117,7 @@ def test_frame_encoder_maps_are_over_model_frames():
     m = _model(source="features", feature_dim=5, frame_stack=2, frame_skip=2)
     frames = [torch.randn(7, 5), torch.randn(4, 5)]
     maps = attention_maps(m, [(frames[0], [5, 6]), (frames[1], [7])])
-    assert maps[0].source == [f"f{i}" for i in range(4)]  # ceil(7 / 2) model frames, no </s>
+    assert maps[0].source == ["0.00s", "0.02s", "0.04s", "0.06s"]  # ceil(7 / 2) model frames at 2 x 10 ms, no </s>
     assert maps[0].weights["encoder"].shape == (2, 2, 4, 4) and maps[1].weights["cross"].shape == (2, 2, 2, 2)
     alone = attention_maps(m, [(frames[1], [7])])[0]
     np.testing.assert_allclose(maps[1].weights["cross"], alone.weights["cross"], atol=1e-6)

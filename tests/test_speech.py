@@ -40,7 +40,7 @@ def test_round_trip_of_the_format(tmp_path):
 
 
 @pytest.mark.parametrize("damage,message", [
-    (lambda d: (d / "u1.npy").unlink(), "utterance 'u1'.*u1.npy: features file is missing"),
+    (lambda d: (d / "u1.npy").unlink(), r"utterance 'u1'.*u1.npy \(or .wav, .flac, .ogg\) is missing"),
     (lambda d: np.save(d / "u1.npy", np.zeros((4, 6))), "utterance 'u1'.*6 values per frame.*model.feature_dim"),
     (lambda d: np.save(d / "u1.npy", np.zeros(4)), "utterance 'u1'.*expected 2 dimensions"),
     (lambda d: np.save(d / "u1.npy", np.zeros((0, 5))), "utterance 'u1'.*has no frames"),

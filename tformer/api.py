@@ -16,8 +16,9 @@ are thin layers over this module.
     tformer.train(tformer.Config.from_yaml("copy"), "runs/copy")
 
 Text in, text out: sources are raw sentences (normalised and tokenised here with the checkpoint's own
-tokenizers), or float arrays (frames, model.feature_dim) for a frame-encoder (speech) model; outputs are
-detokenised. An empty sentence translates to an empty string without decoding. Decoding settings are
+tokenizers), or for a speech model audio files, 16 kHz waveforms (samples,) or feature frames (frames,
+model.feature_dim); outputs are detokenised. An empty sentence translates to an empty string without decoding.
+Decoding settings are
 DecodeConfig's fields (tformer.config), given to `load` as defaults or to each call; `beam=N` is short for
 strategy beam with beam_size N (1: greedy). Bad input raises a tformer.errors.TformerError naming what and
 where (the list index, the file and line, the setting).
@@ -152,13 +153,23 @@ class Translator:
     def _source(self, source: Any, where: str) -> Source | None:
         """One source, checked: ids of a sentence, frames (S, F), or None for an empty sentence."""
         if self.reads_frames:
-            from tformer.data.speech import check_frames
+            from tformer.data.audio import FbankOptions, check_waveform, fbank
+            from tformer.data.speech import FEATURE_SUFFIXES, check_frames, utterance_features
 
+            dim = self.config.model.feature_dim
+            if isinstance(source, (str, Path)) and Path(source).suffix.lower() in FEATURE_SUFFIXES:
+                return torch.from_numpy(utterance_features(Path(source), dim))  # audio, or .npy frames
             if isinstance(source, str) or not hasattr(source, "shape"):
-                raise DataError(f"{where}: this model reads feature frames, a float array (frames, "
-                                f"{self.config.model.feature_dim}); got {type(source).__name__}")
+                raise DataError(f"{where}: this model reads speech: an audio file (.wav, .flac, .ogg), a .npy file, "
+                                f"a 16 kHz waveform (samples,) or feature frames (frames, {dim}); got "
+                                f"{type(source).__name__}")
             array = source.detach().cpu().numpy() if isinstance(source, Tensor) else np.asarray(source)
-            problem = check_frames(array, self.config.model.feature_dim)
+            if array.ndim == 1:  # a waveform: its filterbanks
+                problem = check_waveform(array)
+                if problem:
+                    raise DataError(f"{where}: the waveform {problem}")
+                return torch.from_numpy(fbank(array, FbankOptions(num_mel_bins=dim)))
+            problem = check_frames(array, dim)
             if problem:
                 raise DataError(f"{where}: {problem}")
             return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))

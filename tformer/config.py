@@ -90,6 +90,11 @@ class ModelConfig:
     feature_dim: int = 80  # features: F, the values per input frame
     frame_stack: int = 1  # features: consecutive frames concatenated into one model frame
     frame_skip: int = 1  # features: input frames between the starts of two model frames (S' = ceil(S / skip))
+    frontend: Literal["stack", "conv"] = "stack"  # features: low frame rate stacking (frame_stack, frame_skip;
+    # Speech-Transformer's LFR) or two strided 3x3 convolutions over (time, frequency), 4x fewer frames
+    conv_channels: int = 64  # frontend conv: channels of both convolutions
+    cmvn: bool = False  # features: subtract the training frames' mean and divide by their std per value (global
+    # CMVN), with statistics computed when the corpus is prepared and kept in the model
     attention: Literal["sdpa", "dense", "graph"] = "sdpa"  # kernel; may change after training (graph: packed,
     # no padding, attention as message passing over edges)
     encoder_structure: StructureConfig = field(default_factory=StructureConfig)  # encoder self-attention
@@ -104,7 +109,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions",
-                     "feature_dim", "frame_stack", "frame_skip"):
+                     "feature_dim", "frame_stack", "frame_skip", "conv_channels"):
             _check(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
         _check(
             self.d_model % self.n_heads == 0,
@@ -131,6 +136,11 @@ class ModelConfig:
         _check(self.relative_max_distance > self.relative_buckets // 2, "model.relative_max_distance",
                f"must exceed relative_buckets // 2 = {self.relative_buckets // 2} (the exact buckets), "
                f"got {self.relative_max_distance}")
+
+    @property
+    def frame_rate(self) -> int:
+        """Input frames per model frame: an utterance of S frames is ceil(S / frame_rate) model frames."""
+        return 4 if self.frontend == "conv" else self.frame_skip
 
     def side_positions(self, side: str) -> str:
         """The position scheme of 'encoder' or 'decoder'."""
@@ -184,8 +194,11 @@ class DataConfig:
     shard_size: int = 100_000  # raw pairs per shard (the unit of parallel encoding and of resuming a prepare)
     workers: int = 0  # encoding processes (0 = one per CPU core)
 
-    # task 'speech': {dir}/{prefix}.tsv per split, lines 'id<TAB>transcript', frames in {dir}/{id}.npy, a float
-    # array (frames, model.feature_dim) each (see tformer.data.speech)
+    # task 'speech': {dir}/{prefix}.tsv per split, lines 'id<TAB>transcript'; per utterance {dir}/{id}.wav, .flac
+    # or .ogg (16 kHz mono: model.feature_dim log-mel filterbanks are computed), or {dir}/{id}.npy, a float array
+    # (frames, model.feature_dim). Features are computed once into memory-mapped shards (tformer.data.features)
+    feature_dtype: Literal["float16", "float32"] = "float16"  # speech: how prepared features are stored
+    speech_shard_size: int = 1000  # speech: utterances per prepared shard (the unit of resuming a prepare)
     target_units: Literal["char", "subword"] = "char"  # speech targets: characters, or SentencePiece pieces
     max_frames: int = 0  # speech: utterances with more input frames are an error (0 = no limit)
 
@@ -223,9 +236,10 @@ class DataConfig:
                f"must be 0 (off) or >= 1, got {self.filter_max_ratio}")
         _check(self.tokenizer_sample >= 0, "data.tokenizer_sample", f"must be >= 0 (0 = all), got {self.tokenizer_sample}")
         _check(self.shard_size >= 1, "data.shard_size", f"must be >= 1, got {self.shard_size}")
+        _check(self.speech_shard_size >= 1, "data.speech_shard_size", f"must be >= 1, got {self.speech_shard_size}")
         _check(self.workers >= 0, "data.workers", f"must be >= 0 (0 = one per core), got {self.workers}")
-        _check(not self.prepared or self.task == "translation", "data.prepared",
-               f"a prepared corpus holds a translation task, but data.task is '{self.task}'")
+        _check(not self.prepared or self.task in ("translation", "speech"), "data.prepared",
+               f"a prepared corpus holds a translation or speech task, but data.task is '{self.task}'")
         _check(0 < self.character_coverage <= 1, "data.character_coverage",
                f"must be in (0, 1], got {self.character_coverage}")
         _check(self.task != "speech" or bool(self.dir), "data.dir",
@@ -285,6 +299,13 @@ class TrainConfig:
     # teach the positions of long ones. 0 = off. See tformer.positions.RandomPositions
     random_draw: Literal["sorted", "shift"] = "sorted"  # random_positions: sorted, L distinct positions (Ruoss et
     # al. 2023); shift, L consecutive ones from a random start (SHAPE, Kiyono et al. 2021)
+    freq_masks: int = 0  # SpecAugment (features, training only): bands of feature values set to the mean, each
+    # up to freq_mask_width wide; seeded by (seed, update, rank, micro-batch), so a resumed run masks the same
+    freq_mask_width: int = 27  # SpecAugment: the widest frequency mask (values)
+    time_masks: int = 0  # SpecAugment: spans of frames set to the mean, each up to time_mask_width frames and
+    # time_mask_ratio of the utterance
+    time_mask_width: int = 40  # SpecAugment: the longest time mask (input frames)
+    time_mask_ratio: float = 0.2  # SpecAugment: a time mask covers at most this share of its utterance
     init_from: str = ""  # fine-tune: start from this model (a run or checkpoint folder, or a Hugging Face / Marian
     # folder), with its architecture and tokenizers; the optimizer and the step start afresh (tformer.training.start)
 
@@ -306,6 +327,10 @@ class TrainConfig:
         _check(self.ponder_weight >= 0, "train.ponder_weight", f"must be >= 0, got {self.ponder_weight}")
         _check(self.random_positions >= 0, "train.random_positions", f"must be >= 0 (0 = off), got "
                f"{self.random_positions}")
+        for name in ("freq_masks", "freq_mask_width", "time_masks", "time_mask_width"):
+            _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _check(0.0 < self.time_mask_ratio <= 1.0, "train.time_mask_ratio",
+               f"is a share of the utterance in (0, 1], got {self.time_mask_ratio}")
         _check(0.0 <= self.target_exact_match <= 1.0, "train.target_exact_match",
                f"is a fraction in [0, 1], got {self.target_exact_match}")
 
@@ -372,6 +397,12 @@ class Config:
                f"{'features' if speech else 'tokens'}")
         _check(not (speech and self.model.share_embeddings), "model.share_embeddings",
                "a frame encoder has no source embeddings to share")
+        augment = self.train.freq_masks or self.train.time_masks
+        _check(not augment or self.model.source == "features", "train.freq_masks",
+               "SpecAugment masks feature frames: a model that reads tokens (model.source=tokens) has none")
+        _check(self.train.freq_mask_width < self.model.feature_dim or not self.train.freq_masks,
+               "train.freq_mask_width", f"must be below model.feature_dim={self.model.feature_dim}, got "
+               f"{self.train.freq_mask_width}")
         n, m = self.train.random_positions, self.model
         tables = {"learned", "tupe", "tupe-r"} & {m.side_positions("encoder"), m.side_positions("decoder")}
         _check(not (n and tables) or n <= m.max_positions, "train.random_positions",
@@ -404,8 +435,9 @@ def same_architecture(a: ModelConfig, b: ModelConfig) -> bool:
     return dataclasses.replace(a, **{k: getattr(b, k) for k in FINE_TUNABLE}) == b
 
 # Settings that may change after training: `translate` and `evaluate` accept overrides for these alone. Where
-# the corpus lives may change too (a moved folder); a prepared corpus is checked against the checkpoint's tokenizer.
-INFERENCE_KEYS = ("decode.", "model.attention", "data.dir", "data.prepared")
+# the corpus lives may change too (a moved folder), and which list is the test split (a speech corpus's noisy
+# copy, another test set); a prepared corpus is checked against the checkpoint's tokenizer.
+INFERENCE_KEYS = ("decode.", "model.attention", "data.dir", "data.prepared", "data.test_prefix")
 
 
 # --------------------------------------------------------------------------- loading and checking
@@ -551,8 +583,8 @@ def check_inference_overrides(overrides: list[str]) -> None:
         key = ".".join(parse_override(text)[0])
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in INFERENCE_KEYS):
             raise ConfigError(
-                f"config key '{key}' cannot change after training; only decode.*, model.attention, data.dir and "
-                "data.prepared can"
+                f"config key '{key}' cannot change after training; only decode.*, model.attention, data.dir, "
+                "data.prepared and data.test_prefix can"
             )
 
 

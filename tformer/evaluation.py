@@ -24,7 +24,7 @@ def teacher_forced(model: Transformer, examples: list[Example], cfg: Config) -> 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    src_lens, tgt_lens = model_lengths(examples, cfg.model.frame_skip)
+    src_lens, tgt_lens = model_lengths(examples, cfg.model.frame_rate)
     batches = token_budget_batches(src_lens, tgt_lens, max(cfg.train.max_tokens, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=0))),
                                    shuffle=False)
     loss = nll = correct = total = 0.0
@@ -77,7 +77,7 @@ def ponder_steps(model: Transformer, examples: list[Example], max_tokens: int = 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    src_lens, tgt_lens = model_lengths(examples, model.cfg.frame_skip)
+    src_lens, tgt_lens = model_lengths(examples, model.cfg.frame_rate)
     src_steps: list[list[int]] = [[] for _ in examples]
     tgt_steps: list[list[int]] = [[] for _ in examples]
     for idx in token_budget_batches(src_lens, tgt_lens, max(max_tokens, int(src_lens.max(initial=0)), int(tgt_lens.max(initial=0))), shuffle=False):

@@ -168,7 +168,7 @@ def attention_maps(model, pairs: list[tuple[list[int] | Tensor, list[int]]],
         if src_labels is not None:
             source = list(src_labels[b]) + ([] if frames else ["</s>"])
         else:
-            source = [f"f{i}" for i in range(s_lens[b])] if frames else [str(i) for i in s] + ["</s>"]
+            source = frame_times(s_lens[b], model.cfg.frame_rate) if frames else [str(i) for i in s] + ["</s>"]
         target = list(tgt_labels[b]) if tgt_labels is not None else [str(i) for i in t]
         maps.append(AttentionMaps(source, ["<s>"] + target, target + ["</s>"], weights,
                                   "step" if universal else "layer", steps))
@@ -237,6 +237,12 @@ def hard_alignments(model, pairs: list[tuple[list[int] | Tensor, list[int]]], la
     return out
 
 
+def frame_times(n: int, frame_rate: int, shift_ms: float = 10.0) -> list[str]:
+    """Labels of n model frames: the time each starts at in its recording ('0.36s'), input frames shift_ms
+    apart (the filterbanks' 10 ms) and frame_rate input frames per model frame."""
+    return [f"{i * frame_rate * shift_ms / 1000:.2f}s" for i in range(n)]
+
+
 def _model_frames(model, counts: Tensor) -> Tensor:
-    skip = model.cfg.frame_skip
+    skip = model.cfg.frame_rate
     return torch.div(counts + skip - 1, skip, rounding_mode="floor")

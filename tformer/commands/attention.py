@@ -17,7 +17,10 @@ def add_parser(sub) -> None:
                         "positions that had halted left blank. Example: tformer attention --checkpoint "
                         "runs/m30k --sentence 'A dog runs on the beach .' --kind cross --out pics/")
     sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
-    sp.add_argument("--sentence", required=True, help="source sentence (raw text)")
+    source = sp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--sentence", help="source sentence (raw text)")
+    source.add_argument("--audio", help="a speech model's input: an audio file (16 kHz wav/flac/ogg) or .npy "
+                        "frames; its keys are the model frames, labelled by the time they start at")
     sp.add_argument("--target", help="draw the attention of this translation instead of the model's own")
     sp.add_argument("--kind", nargs="+", choices=("encoder", "decoder", "cross"),
                     help="which attention (default: all three)")
@@ -39,17 +42,19 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         common.print_config(translator.config)
         return 0
-    if translator.reads_frames:
-        raise DataError(f"{args.checkpoint} reads feature frames; attention pictures need a text model")
-    if not args.sentence.strip():
+    if translator.reads_frames != (args.audio is not None):
+        raise DataError(f"{args.checkpoint} reads " + ("speech: give --audio FILE" if translator.reads_frames
+                                                       else "text: give --sentence"))
+    source = args.audio if args.audio is not None else args.sentence
+    if args.audio is None and not args.sentence.strip():
         raise DataError("--sentence is empty")
     if args.target is not None:
         if not args.target.strip():
             raise DataError("--target is empty")
-        forced = translator.score([args.sentence], [args.target], return_attention=True)[0]
+        forced = translator.score([source], [args.target], return_attention=True)[0]
         text, score, maps = args.target, forced.log_prob, forced.attention
     else:
-        best = translator.translate([args.sentence], return_attention=True)[0]
+        best = translator.translate([source], return_attention=True)[0]
         text, score, maps = best.text, best.score, best.attention
     out = Path(args.out)
     written = []
@@ -61,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
                        [(plot_attention(maps, kind, layer, h), f"{name}_head{h}") for h in args.head])
             for fig, stem in figures:
                 written += save_figure(fig, [out / f"{stem}.{fmt}" for fmt in args.format])
-    print(f"source pieces: {' '.join(maps.source[:-1])}")
+    print(f"source: {len(maps.source)} model frames, {maps.source[-1]} to its last" if args.audio else
+          f"source pieces: {' '.join(maps.source[:-1])}")
     print(f"{'forced target' if args.target else 'translation'}: {text}  (score {score:.3f})")
     if maps.steps is not None:
         print(f"ACT steps per source token: {maps.steps[0]}\nACT steps per target token: {maps.steps[1]}")

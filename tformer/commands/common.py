@@ -10,7 +10,7 @@ CHECKPOINT_HELP = "run folder (uses its best checkpoint) or checkpoint folder"
 ENSEMBLE_HELP = CHECKPOINT_HELP + ("; given several times, an ensemble: the models' log-probabilities averaged at "
                                    "every step")
 INFERENCE_OVERRIDES = ("settings that may change after training: decode.*, model.attention, and where the corpus is "
-                       "(data.dir, data.prepared)")
+                       "(data.dir, data.prepared, data.test_prefix: e.g. a speech corpus's test_snr10 list)")
 
 
 def overrides(sp: argparse.ArgumentParser, help: str) -> None:

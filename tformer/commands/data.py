@@ -1,25 +1,46 @@
-"""tformer data: download Multi30k or WMT14 en-de (checksums verified), or write a synthetic task as parallel
-text files."""
+"""tformer data: download Multi30k or WMT14 en-de (checksums verified), write a synthetic task as parallel
+text files, or synthesise a spoken corpus with espeak-ng."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tformer.config import SYNTHETIC_TASKS
+from tformer.data.spoken import SpokenSettings
 
 
 def add_parser(sub) -> None:
-    sp = sub.add_parser("data", help="download Multi30k or WMT14 en-de, or write a synthetic task as text files",
+    sp = sub.add_parser("data", help="download Multi30k or WMT14 en-de, write a synthetic task, or synthesise speech",
                         description="multi30k: download the official Multi30k task-1 English-German files "
                         "(checksums verified). wmt14: download the WMT14 English-German training archives "
                         "(Europarl v7, Common Crawl, News Commentary v9) and newstest2013/2014 (about 1.2 GB, "
                         "checksums verified) and write {train,newstest2013,newstest2014}.{en,de}; a rerun keeps "
-                        "what is complete. copy/sort/reverse: write {train,valid,test}.{src,tgt} of a synthetic task.")
-    sp.add_argument("task", choices=("multi30k", "wmt14", *SYNTHETIC_TASKS))
+                        "what is complete. copy/sort/reverse: write {train,valid,test}.{src,tgt} of a synthetic task. "
+                        "spoken: read sentences of --text aloud with espeak-ng (several voices, speeds, pitches, "
+                        "noise at chosen SNRs), split by sentence, as a speech corpus (16 kHz flac + "
+                        "'id<TAB>transcript' lists) for the speech_tupe and speech_baseline recipes.")
+    sp.add_argument("task", choices=("multi30k", "wmt14", *SYNTHETIC_TASKS, "spoken"))
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--url", help="multi30k, wmt14: base URL to fetch from, holding the files under their "
                     "upstream names (default: the official locations)")
     sp.add_argument("--config", help="YAML file (or recipe name) whose data section to use")
+    spoken = sp.add_argument_group("spoken (see tformer.data.spoken)")
+    spoken.add_argument("--text", help="sentences, one per line (plain or .gz; a tab-separated line gives its first "
+                        "field, so the fra-eng file works as it is)")
+    d = SpokenSettings()
+    for name, help_ in (("train", "training sentences"), ("valid", "validation sentences"),
+                        ("test", "test sentences"), ("renditions", "voices per training sentence"),
+                        ("seed", "draws the sentences, voices and noise"), ("workers", "processes (0: one per core)")):
+        spoken.add_argument(f"--{name}", type=int, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
+    spoken.add_argument("--snr", type=float, nargs="+", default=list(d.snrs), metavar="DB",
+                        help=f"training: clean or white noise at one of these SNRs (default {' '.join(map(str, d.snrs))})")
+    spoken.add_argument("--test-snr", type=float, default=d.test_snr, help="SNR of the noisy test copy (default "
+                        f"{d.test_snr:g}: test_snr{d.test_snr:g}.tsv)")
+    spoken.add_argument("--voices", nargs="+", default=list(d.voices), help="espeak-ng languages (default: "
+                        f"{' '.join(d.voices)})")
+    spoken.add_argument("--variants", nargs="+", default=list(d.variants), help="espeak-ng voice variants (default: "
+                        f"{' '.join(d.variants)})")
     sp.add_argument("overrides", nargs="*", metavar="data.key=value", help="e.g. data.symbols=10 data.seed=7")
     sp.set_defaults(func=run)
 
@@ -40,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"now: tformer prepare --config wmt14_en_de data.dir={args.out} --out {args.out}/prepared\n"
               f"then: tformer train --config wmt14_en_de data.dir={args.out} data.prepared={args.out}/prepared")
         return 0
+    if args.task == "spoken":
+        return _spoken(args)
     from tformer.config import Config, load_config
     from tformer.data import SPLITS, load_pairs
     from tformer.data.text import write_parallel
@@ -50,4 +73,23 @@ def run(args: argparse.Namespace) -> int:
         pairs = load_pairs(cfg, split)
         write_parallel(args.out, split, pairs)
         print(f"{args.out}/{split}.src, {split}.tgt: {len(pairs)} pairs")
+    return 0
+
+
+def _spoken(args: argparse.Namespace) -> int:
+    from tformer.data.corpus import iter_lines
+    from tformer.data.spoken import build_spoken_corpus
+    from tformer.errors import ConfigError
+
+    if not args.text:
+        raise ConfigError("tformer data spoken needs --text FILE, the sentences to speak (e.g. "
+                          "../shared/data/fra-eng/fra.txt.gz)")
+    settings = SpokenSettings(train=args.train, valid=args.valid, test=args.test, renditions=args.renditions,
+                              snrs=tuple(args.snr), test_snr=args.test_snr, voices=tuple(args.voices),
+                              variants=tuple(args.variants), seed=args.seed, workers=args.workers)
+    corpus = build_spoken_corpus(iter_lines(Path(args.text)), args.out, settings, source=str(args.text))
+    for split, n in corpus.splits.items():
+        print(f"{args.out}/{split}.tsv: {n} utterances, {corpus.seconds[split] / 3600:.2f} hours")
+    print(f"synthesised by {corpus.espeak}")
+    print(f"now: tformer train --config speech_tupe data.dir={args.out}")
     return 0

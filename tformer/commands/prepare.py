@@ -1,4 +1,5 @@
-"""tformer prepare: a translation corpus encoded once into memory-mapped shards (tformer.data.prepare)."""
+"""tformer prepare: a translation corpus encoded once into memory-mapped shards (tformer.data.prepare), or a
+speech corpus's features computed once (tformer.data.features)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from tformer.commands import common
 
 def add_parser(sub) -> None:
     sp = sub.add_parser(
-        "prepare", help="encode a translation corpus once into memory-mapped shards",
+        "prepare", help="encode a translation corpus, or compute a speech corpus's features, once into shards",
         description="Train SentencePiece on a seeded sample of the training pairs (data.tokenizer_sample), encode "
         "every split in data.workers processes and write token ids with a lengths index into memory-mapped "
         "shards and a manifest. Interrupted, it continues where it stopped when run again; a folder holding "
-        "another corpus is refused. Then: tformer train --config C data.prepared=OUT.")
+        "another corpus is refused. Then: tformer train --config C data.prepared=OUT. A speech corpus (data.task "
+        "speech) gets its log-mel filterbanks (from 16 kHz wav/flac/ogg) or .npy frames instead, with the "
+        "training set's CMVN statistics; every list line and file header is checked first.")
     sp.add_argument("--config", required=True, help="YAML recipe (a path or a packaged recipe name) whose data "
                     "section describes the corpus")
     sp.add_argument("--out", required=True, help="folder for the prepared corpus (new, empty, or one this command "
@@ -37,6 +40,19 @@ def run(args: argparse.Namespace) -> int:
                      progress=args.progress)
     m = corpus.manifest
     print(f"prepared corpus: {corpus.path}")
+    if m["format"] == "tformer-features":  # speech
+        for split, e in m["splits"].items():
+            print(f"  {split}: {e['utterances']:,} utterances, {e['frames']:,} frames "
+                  f"({e['frames'] / 360_000:.2f} hours at 100 frames/s) in {e['shards']} shard(s)")
+        if "cmvn" in m:
+            print(f"  CMVN statistics from {m['cmvn']['frames']:,} training frames")
+        if args.verify:
+            problems = corpus.verify()
+            if problems:
+                raise DataError("verification failed: " + "; ".join(problems[:5]))
+            print("  verified: every shard matches its SHA-256")
+        print(f"now: tformer train --config {args.config} data.prepared={corpus.path}")
+        return 0
     tok = m["tokenizer"]
     sample = tok["sample"] or {}
     learned = (f"; learned from {sample['pairs']:,} of {sample['of']:,} training pairs"

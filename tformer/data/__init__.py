@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Callable, Iterator, Sequence
 
+import torch
+from torch import Tensor
+
 from tformer.config import SYNTHETIC_TASKS, DataConfig
 from tformer.data.batching import Batch, Example, collate, model_lengths, token_budget_batches
 from tformer.data.synthetic import SPLITS, SYNTHETIC_SPLITS, UNIFORM_SPLIT, symbol_names, synthetic_split
@@ -81,6 +84,7 @@ class TaskData:
     tokenizers: Tokenizers
     texts: Mapping[str, tuple[list[str], list[str]]]  # per split: source and reference sentences (kept pairs)
     examples: dict[str, Sequence[Example]]  # ids, no specials; a prepared training split stays on disk (mmap)
+    feature_stats: "tuple[Tensor, Tensor] | None" = None  # speech: the training frames' mean and std (F,) (CMVN)
 
     @property
     def src_vocab(self) -> Vocab:
@@ -102,7 +106,7 @@ def load_task(cfg: DataConfig, splits: tuple[str, ...] = SPLITS, joint: bool = F
     if cfg.task == "translation":
         return _load_translation(cfg, splits, joint, tokenizers, progress)
     if cfg.task in ("speech", "synthetic_speech"):
-        return _load_speech(cfg, splits, tokenizers, feature_dim)
+        return _load_speech(cfg, splits, tokenizers, feature_dim, progress)
     pairs = {s: load_pairs(cfg, s) for s in splits}
     if tokenizers is None:
         train = pairs["train"] if "train" in pairs else load_pairs(cfg, "train")
@@ -130,23 +134,46 @@ def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tok
     return TaskData(corpus.tokenizers, LazyTexts(splits, corpus.texts), examples)
 
 
-def _load_speech(cfg: DataConfig, splits: tuple[str, ...], tokenizers: Tokenizers | None, feature_dim: int
-                 ) -> TaskData:
-    from tformer.data.speech import CharTokenizer, FrameInput, load_utterances
+def _load_speech(cfg: DataConfig, splits: tuple[str, ...], tokenizers: Tokenizers | None, feature_dim: int,
+                 progress: bool = False) -> TaskData:
+    """A 'speech' corpus from its prepared features (tformer.data.features: computed once, memory-mapped), or the
+    synthetic task generated in memory; targets encoded with the given tokenizer or one built from the training
+    transcripts."""
+    from tformer.data.speech import CharTokenizer, FrameInput, synthetic_speech_split
     from tformer.data.tokenizer import train_sentencepiece
 
     if feature_dim < 1:
         raise ConfigError("speech tasks need the model's feature dimension (model.feature_dim)")
-    utts = {s: load_utterances(cfg, s, feature_dim) for s in splits}
+    need = tuple(splits) if tokenizers is not None or "train" in splits else (*splits, "train")
+    if cfg.task == "synthetic_speech":
+        utts = {s: synthetic_speech_split(cfg, s, feature_dim) for s in need}
+        frames = {s: u.frames for s, u in utts.items()}
+        texts = {s: (list(u.ids), list(u.transcripts)) for s, u in utts.items()}
+        stats = None
+        if "train" in frames:
+            every = torch.cat(frames["train"]).double()
+            stats = every.mean(0).float(), every.std(0, unbiased=False).float()
+    else:
+        from tformer.data.features import SpeechExamples, prepared_features
+
+        corpus = prepared_features(cfg, feature_dim, need, progress)
+        frames = {s: corpus.frames(s) for s in need}
+        texts = {s: corpus.texts(s) for s in need}
+        stats = corpus.cmvn if "train" in need else None
     if tokenizers is None:
-        train = utts["train"] if "train" in utts else load_utterances(cfg, "train", feature_dim)
+        train = texts["train"][1]
         if cfg.target_units == "char":
-            target: Tokenizer = CharTokenizer.build(train.transcripts)
+            target: Tokenizer = CharTokenizer.build(train)
         else:
-            target = train_sentencepiece(train.transcripts, cfg.vocab_size, cfg.subword, cfg.character_coverage,
+            target = train_sentencepiece(train, cfg.vocab_size, cfg.subword, cfg.character_coverage,
                                          "the transcripts")
         tokenizers = (FrameInput(), target)
     tgt = tokenizers[1]
-    examples = {s: [(f, tgt.encode(t)) for f, t in zip(u.frames, u.transcripts)] for s, u in utts.items()}
-    texts = {s: (list(u.ids), list(u.transcripts)) for s, u in utts.items()}
-    return TaskData(tokenizers, texts, examples)
+    examples: dict[str, Sequence[Example]] = {}
+    for s in splits:
+        targets = [tgt.encode(t) for t in texts[s][1]]
+        if cfg.task == "synthetic_speech":
+            examples[s] = list(zip(frames[s], targets))
+        else:
+            examples[s] = SpeechExamples(frames[s], targets) if s == "train" else list(zip(frames[s], targets))
+    return TaskData(tokenizers, {s: texts[s] for s in splits}, examples, stats)

@@ -27,7 +27,7 @@ def model_lengths(examples: Sequence[Example], frame_skip: int = 1) -> tuple[np.
     being read."""
     known = getattr(examples, "model_lengths", None)
     if known is not None:
-        return known()
+        return known(frame_skip)
     src = [-(-len(s) // frame_skip) if isinstance(s, Tensor) else len(s) + 1 for s, _ in examples]
     return np.asarray(src, dtype=np.int64), np.asarray([len(t) + 1 for _, t in examples], dtype=np.int64)
 

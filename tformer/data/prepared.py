@@ -205,7 +205,7 @@ class ShardedExamples(Sequence):
         """(n, 2) uint16: source and target pieces of every pair."""
         return self._lengths
 
-    def model_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+    def model_lengths(self, frame_rate: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Source + </s> and <s> + target, as `tformer.data.model_lengths` gives them (int32, from memory)."""
         lengths = self._lengths.astype(np.int32)
         lengths += 1

@@ -1,11 +1,14 @@
 """Continuous-feature (speech-style) data: utterances of float frames with a transcript.
 
 On disk (task 'speech'): per split a UTF-8 file {data.dir}/{prefix}.tsv of lines `id<TAB>transcript`, and
-per utterance {data.dir}/{id}.npy, a 2-D float array (frames, model.feature_dim) written by `numpy.save`
-(e.g. 80 log-mel filterbanks every 10 ms). Every problem is reported with the file, line and utterance id
-(up to MAX_REPORTED of them at once): a line without one tab, an empty transcript, a duplicate id, an id
-that leaves the folder, a missing or unreadable .npy, pickled objects (never loaded), the wrong number of
-dimensions or values per frame, no frames, more than data.max_frames frames, NaN or infinite values.
+per utterance {data.dir}/{id}.wav, .flac or .ogg, 16 kHz mono audio whose model.feature_dim log-mel
+filterbanks are computed (tformer.data.audio), or {data.dir}/{id}.npy, a 2-D float array (frames,
+model.feature_dim) written by `numpy.save` (features computed elsewhere). Every problem is reported with the
+file, line and utterance id (up to MAX_REPORTED of them at once): a line without one tab, an empty
+transcript, a duplicate id, an id that leaves the folder, a missing or unreadable file, audio that is not
+mono or not 16 kHz or holds no samples, pickled objects (never loaded), the wrong number of dimensions or
+values per frame, no frames, more than data.max_frames frames, NaN or infinite values. Headers are checked
+for every utterance before any features are computed.
 
 In memory (task 'synthetic_speech'), deterministic under data.seed: letters grouped into words; each letter
 becomes a block of frames around its own prototype vector (unit variance per value), a space a block of
@@ -29,6 +32,7 @@ import torch
 from torch import Tensor
 
 from tformer.config import DataConfig
+from tformer.data.audio import AUDIO_SUFFIXES, SAMPLE_RATE, FbankOptions, audio_features
 from tformer.data.corpus import normalize, read_lines
 from tformer.data.synthetic import SPLITS, symbol_names
 from tformer.data.vocab import Vocab
@@ -125,13 +129,48 @@ def load_frames(path: Path, feature_dim: int, max_frames: int = 0) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
-def read_speech_split(cfg: DataConfig, split: str, feature_dim: int) -> Utterances:
-    """The utterances of one split of a 'speech' corpus, all checked (see the module docstring)."""
+FEATURE_SUFFIXES = (".npy",) + AUDIO_SUFFIXES  # what an utterance id may name beside the list, in this order
+
+
+class Entry(NamedTuple):
+    line: int  # in the list, from 1
+    id: str
+    transcript: str  # normalised
+    path: Path  # its features (.npy) or audio file
+
+
+def utterance_file(folder: Path, utt: str) -> Path | None:
+    """{folder}/{utt}.npy, .wav, .flac or .ogg, the first that exists (or {folder}/{utt} when the id names its
+    file with one of those suffixes); None when there is none."""
+    if Path(utt).suffix in FEATURE_SUFFIXES and (folder / utt).is_file():
+        return folder / utt
+    for suffix in FEATURE_SUFFIXES:
+        path = folder / f"{utt}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def split_list(cfg: DataConfig, split: str) -> Path:
+    """{data.dir}/{prefix}.tsv of a split."""
     prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-    folder = Path(cfg.dir)
-    tsv = folder / f"{prefix}.tsv"
+    return Path(cfg.dir) / f"{prefix}.tsv"
+
+
+def raise_problems(tsv: Path, problems: list[str]) -> None:
+    if problems:
+        shown = "\n  ".join(problems[:MAX_REPORTED])
+        more = f"\n  ... and {len(problems) - MAX_REPORTED} more" if len(problems) > MAX_REPORTED else ""
+        raise SpeechDataError(f"{len(problems)} problem(s) in {tsv}; fix or remove these utterances:\n  "
+                              f"{shown}{more}")
+
+
+def read_list(tsv: Path) -> list[Entry]:
+    """The utterances a list names, each with its file; every line problem and missing file is reported at once
+    (see the module docstring). The files themselves are not read."""
+    folder = tsv.parent
     lines = read_lines(tsv)  # missing file, gzip, invalid UTF-8: errors with the line
-    out = Utterances([], [], [])
+    out: list[Entry] = []
     problems: list[str] = []
     seen: dict[str, int] = {}
     for n, line in enumerate(lines, 1):
@@ -157,21 +196,84 @@ def read_speech_split(cfg: DataConfig, split: str, feature_dim: int) -> Utteranc
         if not text:
             problems.append(f"{where}: utterance '{utt}' has an empty transcript")
             continue
-        try:
-            frames = load_frames(folder / f"{utt}.npy", feature_dim, cfg.max_frames)
-        except SpeechDataError as e:
-            problems.append(f"{where}: utterance '{utt}': {e}")
+        path = utterance_file(folder, utt)
+        if path is None:
+            problems.append(f"{where}: utterance '{utt}': {folder / utt}.npy (or .wav, .flac, .ogg) is missing")
             continue
-        out.ids.append(utt)
-        out.transcripts.append(text)
-        out.frames.append(frames)
-    if problems:
-        shown = "\n  ".join(problems[:MAX_REPORTED])
-        more = f"\n  ... and {len(problems) - MAX_REPORTED} more" if len(problems) > MAX_REPORTED else ""
-        raise SpeechDataError(f"{len(problems)} problem(s) in {tsv}; fix or remove these utterances:\n  "
-                              f"{shown}{more}")
-    if not out.ids:
+        out.append(Entry(n, utt, text, path))
+    raise_problems(tsv, problems)
+    if not out:
         raise SpeechDataError(f"{tsv} holds no utterances")
+    return out
+
+
+def check_file(path: Path, feature_dim: int) -> str | None:
+    """What a file's header says is wrong (channels, rate, no samples; an .npy's shape and type), or None; the
+    contents are checked when they are read (utterance_features)."""
+    if path.suffix == ".npy":
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            return f"{path}: not a .npy array of numbers ({e})"
+        if array.dtype.kind not in "fiu" or array.ndim != 2 or array.shape[1] != feature_dim or not array.shape[0]:
+            return f"{path}: {check_frames(np.asarray(array[:1] if array.ndim else array), feature_dim)}"
+        return None
+    import soundfile
+
+    try:
+        info = soundfile.info(str(path))
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as e:
+        return f"{path}: not a readable audio file ({e})"
+    if info.channels != 1:
+        return f"{path}: {info.channels} channels; tformer reads mono audio: mix it down first (e.g. sox in -c 1 out)"
+    if info.samplerate != SAMPLE_RATE:
+        return (f"{path}: sampled at {info.samplerate} Hz; tformer reads {SAMPLE_RATE} Hz: resample it first "
+                f"(e.g. sox in -r {SAMPLE_RATE} out)")
+    if info.frames == 0:
+        return f"{path}: holds no samples"
+    return None
+
+
+def check_files(tsv: Path, entries: list[Entry], feature_dim: int) -> None:
+    """Every file's header checked before anything is computed; all problems at once, with their lines."""
+    problems = []
+    for e in entries:
+        problem = check_file(e.path, feature_dim)
+        if problem:
+            problems.append(f"{tsv}, line {e.line}: utterance '{e.id}': {problem}")
+    raise_problems(tsv, problems)
+
+
+def utterance_features(path: Path, feature_dim: int, max_frames: int = 0) -> np.ndarray:
+    """One utterance's frames (S, F) float32: an .npy file as it is, audio as log-mel filterbanks of
+    feature_dim bins (tformer.data.audio). Errors name the file."""
+    if path.suffix != ".npy":
+        frames = audio_features(path, FbankOptions(num_mel_bins=feature_dim))
+        problem = check_frames(frames, feature_dim, max_frames)
+        if problem:
+            raise SpeechDataError(f"{path}: {problem}")
+        return frames
+    return load_frames(path, feature_dim, max_frames).numpy()
+
+
+def read_speech_split(cfg: DataConfig, split: str, feature_dim: int) -> Utterances:
+    """The utterances of one split of a 'speech' corpus, all checked (see the module docstring), with their
+    features computed now (prepared corpora store them: tformer.data.features)."""
+    tsv = split_list(cfg, split)
+    entries = read_list(tsv)
+    check_files(tsv, entries, feature_dim)
+    out = Utterances([], [], [])
+    problems: list[str] = []
+    for e in entries:
+        try:
+            frames = utterance_features(e.path, feature_dim, cfg.max_frames)
+        except DataError as err:
+            problems.append(f"{tsv}, line {e.line}: utterance '{e.id}': {err}")
+            continue
+        out.ids.append(e.id)
+        out.transcripts.append(e.transcript)
+        out.frames.append(torch.from_numpy(frames))
+    raise_problems(tsv, problems)
     return out
 
 

@@ -1,7 +1,8 @@
 """What a side reads before its first layer: token embeddings or stacked continuous frames, and positions.
 
     Embeddings       token ids -> tokens x sqrt(D) (+ absolute positions), dropout
-    FrameEmbeddings  float frames (B, S, F) -> stacked, projected, LayerNorm'd (+ positions), dropout
+    FrameEmbeddings  float frames (B, S, F) -> normalised (CMVN), stacked or convolved, projected,
+                     LayerNorm'd (+ positions), dropout
 
 Both add absolute positions once (a stack of layers), or leave them to the encoder/decoder (`add_positions`
 False: the universal transformer adds them at every step, with its time signal). TUPE has no absolute
@@ -72,24 +73,82 @@ def stack_frames(frames: Tensor, counts: Tensor, stack: int, skip: int) -> tuple
     return out.reshape(B, n, stack * F), new_counts
 
 
+class ConvSubsampler(nn.Module):
+    """Two 3x3 convolutions of stride 2 over (time, frequency), each followed by ReLU, then a projection to D:
+    (B, S, F) -> (B, ceil(ceil(S / 2) / 2), D), the common x4 front end (ESPnet, WeNet). Frames past an
+    utterance's end are zeroed before each convolution, so an utterance gives the same output in any batch."""
+
+    def __init__(self, feature_dim: int, channels: int, d_model: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+        freq = -(-(-(-feature_dim // 2)) // 2)  # ceil twice
+        self.proj = nn.Linear(channels * freq, d_model)
+
+    @staticmethod
+    def _keep(x: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """x (B, C, S, F) with the frames at and past counts (B,) zeroed."""
+        real = torch.arange(x.shape[2], device=x.device)[None] < counts[:, None]  # (B, S)
+        return x * real[:, None, :, None].to(x.dtype), counts
+
+    def forward(self, frames: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        x, counts = self._keep(frames[:, None], counts)  # (B, 1, S, F)
+        x = torch.relu(self.conv1(x))
+        x, counts = self._keep(x, torch.div(counts + 1, 2, rounding_mode="floor"))
+        x = torch.relu(self.conv2(x))
+        counts = torch.div(counts + 1, 2, rounding_mode="floor")
+        B, C, S, F = x.shape
+        return self.proj(x.transpose(1, 2).reshape(B, S, C * F)), counts  # (B, S', D)
+
+
 class FrameEmbeddings(nn.Module):
-    """The encoder's front end for continuous features: frames (B, S, F) are stacked (stack_frames), projected
-    to D, LayerNorm'd, given absolute positions (none with TUPE) and dropped out."""
+    """The encoder's front end for continuous features: frames (B, S, F) are normalised by the training set's
+    statistics (model.cmvn), reduced in rate by stacking (stack_frames) or by convolutions (ConvSubsampler),
+    projected to D, LayerNorm'd, given absolute positions (none with TUPE) and dropped out."""
 
     def __init__(self, cfg: ModelConfig, positions: nn.Module | None, add_positions: bool = True) -> None:
         super().__init__()
         self.feature_dim, self.stack, self.skip = cfg.feature_dim, cfg.frame_stack, cfg.frame_skip
-        self.proj = nn.Linear(cfg.frame_stack * cfg.feature_dim, cfg.d_model)
+        if cfg.frontend == "conv":
+            self.conv: ConvSubsampler | None = ConvSubsampler(cfg.feature_dim, cfg.conv_channels, cfg.d_model)
+        else:
+            self.conv = None
+            self.proj = nn.Linear(cfg.frame_stack * cfg.feature_dim, cfg.d_model)
+        if cfg.cmvn:  # set from the training corpus (set_cmvn) and saved with the weights
+            self.register_buffer("cmvn_mean", torch.zeros(cfg.feature_dim))
+            self.register_buffer("cmvn_scale", torch.ones(cfg.feature_dim))  # 1 / std
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.positions = positions
         self.dropout = Dropout(cfg.dropout)
         self.add_positions = add_positions
+
+    @property
+    def has_cmvn(self) -> bool:
+        return hasattr(self, "cmvn_mean")
+
+    @torch.no_grad()
+    def set_cmvn(self, mean: Tensor, std: Tensor) -> None:
+        """The training frames' mean and standard deviation per value (F,); std is floored at 1e-5."""
+        if not self.has_cmvn:
+            raise ValueError("this model was built without model.cmvn")
+        self.cmvn_mean.copy_(mean)
+        self.cmvn_scale.copy_(1.0 / std.clamp(min=1e-5))
+
+    def normalise(self, frames: Tensor) -> Tensor:
+        """(..., F) -> (..., F): global CMVN when the model has it, else the frames as they are."""
+        if not self.has_cmvn:
+            return frames
+        return (frames - self.cmvn_mean) * self.cmvn_scale
 
     def frames(self, frames: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
         """frames (B, S, F) float, counts (B,) real frames -> projected (B, S', D), counts' (B,) model frames."""
         if frames.dim() != 3 or frames.shape[-1] != self.feature_dim or not frames.is_floating_point():
             raise ValueError(f"the frame encoder reads float frames (batch, frames, {self.feature_dim}); got "
                              f"{tuple(frames.shape)} {frames.dtype} (model.feature_dim={self.feature_dim})")
+        frames = self.normalise(frames)
+        if self.conv is not None:
+            x, counts = self.conv(frames, counts)
+            return self.norm(x), counts
         x, counts = stack_frames(frames, counts, self.stack, self.skip)
         return self.norm(self.proj(x)), counts  # (B, S', D)
 

@@ -26,7 +26,7 @@ class Batches:
                  sampling: "SubwordSampling | None" = None) -> None:
         t = cfg.train
         self.examples, self.seed, self.ctx, self.sampling = examples, t.seed, ctx, sampling
-        self.plan = BatchPlan(*model_lengths(examples, cfg.model.frame_skip), t.max_tokens, t.max_sentences)
+        self.plan = BatchPlan(*model_lengths(examples, cfg.model.frame_rate), t.max_tokens, t.max_sentences)
         self.group = t.accum_steps * ctx.world
         self.per_epoch = -(-len(self.plan) // self.group)
 

@@ -30,6 +30,7 @@ from tformer.data import Batch, Vocab, load_task
 from tformer.errors import ConfigError, TformerError, TrainingError
 from tformer.evaluation import evaluate
 from tformer.model import Transformer, build_model
+from tformer.data.specaugment import SpecAugment
 from tformer.positions import RandomPositions
 from tformer.training import distributed
 from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
@@ -153,19 +154,23 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
     Returns False, leaving the weights and the optimizer as they were, when the loss or the gradient norm
     is NaN/inf (every process sees the same sums, so all skip together). Under fp16 an overflowing gradient
     is the scaler's business (it skips and lowers its scale); only a non-finite loss is a fault there.
-    `step` (the update's number) seeds randomised positions, with the process and the batch: a resume draws
-    the same ones."""
+    `step` (the update's number) seeds randomised positions and SpecAugment's masks, with the process and the
+    batch: a resume draws the same ones."""
     tic = time.perf_counter()
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
     n_tgt = sum(b.n_tgt_tokens for b in micro)
+    augment = SpecAugment.from_config(t)
     # local sums: loss (without ponder), nll, correct, ponder steps, positions, source tokens
     sums = [0.0] * 6
     for j, b in enumerate(micro):
         b = b.to(ctx.device)
         positions = (RandomPositions(t.random_positions, t.seed, step, ctx.rank, j, draw=t.random_draw)
                      if t.random_positions else None)
+        if augment is not None:  # SpecAugment, seeded like the positions; masked values read as the mean
+            b = dataclasses.replace(b, src=augment(b.src, b.src_lengths, t.seed, step, ctx.rank, j,
+                                                   fill=getattr(model.src_embed, "cmvn_mean", None)))
         with amp.autocast() if amp else contextlib.nullcontext():
             out = train_step_loss(model, b, t.label_smoothing, t.ponder_weight, positions)
         loss = out.loss if ctx.enabled else out.loss / n_tgt
@@ -276,6 +281,8 @@ class Trainer:
                     if cfg.data.subword_sampling else None)
         self.batches = Batches(self.train_examples, cfg, ctx, sampling)  # planned before the model (its temporaries)
         self.model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab)).to(ctx.device)
+        if cfg.model.cmvn and data.feature_stats is not None:  # a checkpoint's own statistics replace these below
+            self.model.src_embed.set_cmvn(*(s.to(ctx.device) for s in data.feature_stats))
         distributed.broadcast_parameters(ctx, self.model)
         if ctx.rank:  # dropout masks differ between processes (rank 0 keeps the single-process stream)
             torch.manual_seed(t.seed + 1_000_003 * ctx.rank)

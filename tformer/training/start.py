@@ -100,8 +100,19 @@ def prepare(config: Config | str | Path, out: str | Path, *, overrides: Sequence
     """Encode a translation corpus once into memory-mapped shards in `out` (`tformer prepare`): SentencePiece
     trained on a seeded sample of the training pairs (data.tokenizer_sample), every split encoded by
     data.workers processes. An interrupted prepare continues where it stopped when called again; a folder
-    holding another corpus is refused. Train on it with data.prepared=OUT. Returns the PreparedCorpus."""
+    holding another corpus is refused. Train on it with data.prepared=OUT. Returns the PreparedCorpus.
+
+    A speech corpus (data.task speech) gets its features instead: log-mel filterbanks of its audio (or its .npy
+    frames) in float16/32 shards, with the training set's CMVN statistics (tformer.data.features); returns the
+    PreparedFeatures."""
     from tformer.data.prepare import prepare as prepare_corpus
 
     cfg = train_config(config, overrides=overrides)
+    if cfg.data.task == "speech":
+        from tformer.data.features import prepare_features
+
+        return prepare_features(cfg.data, out, cfg.model.feature_dim, splits, progress=progress)
+    if cfg.data.task != "translation":
+        raise ConfigError(f"tformer prepare writes translation and speech corpora; data.task '{cfg.data.task}' is "
+                          "generated or read as it is")
     return prepare_corpus(cfg.data, out, splits, progress=progress)

@@ -28,8 +28,9 @@ def _heatmap(ax, w: np.ndarray, queries: list[str], keys: list[str], title: str,
     cmap = plt.get_cmap("viridis").with_extremes(bad="#eeeeee")  # NaN: halted positions (universal)
     im = ax.imshow(np.ma.masked_invalid(w), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     size = 8 if max(len(queries), len(keys)) <= 30 else 6
-    if labels:
-        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=size)
+    if labels:  # past 60 keys (frames of speech, long sentences), every k-th labelled
+        every = -(-len(keys) // 60)
+        ax.set_xticks(range(0, len(keys), every), keys[::every], rotation=90, fontsize=size)
         ax.set_yticks(range(len(queries)), queries, fontsize=size)
     else:
         ax.set_xticks([])
