@@ -132,6 +132,25 @@ def frame_model(**kw):
     return build_model(m, 4, 12).eval()
 
 
+def test_low_frame_rate_stacking_equals_slicing_each_utterance():
+    """LFR m/n against a direct reference: model frame i of an utterance of S frames concatenates its frames
+    i*n .. i*n+m-1, the last real frame standing in past its end; in a padded batch, for every m, n and S."""
+    from tformer.model.embeddings import stack_frames
+
+    g = torch.Generator().manual_seed(0)
+    for m in range(1, 6):
+        for n in range(1, 5):
+            lengths = [1, 2, 5, 9, 14]
+            batch = torch.randn(len(lengths), max(lengths), 3, generator=g)
+            out, counts = stack_frames(batch, torch.tensor(lengths), m, n)
+            for b, S in enumerate(lengths):
+                x = batch[b, :S]
+                ref = torch.stack([torch.cat([x[min(i * n + j, S - 1)] for j in range(m)])
+                                   for i in range(math.ceil(S / n))])
+                assert int(counts[b]) == ref.shape[0]
+                assert torch.equal(out[b, : ref.shape[0]], ref)
+
+
 def test_cmvn_in_the_model_equals_normalising_the_frames_first():
     plain, normed = frame_model(), frame_model(cmvn=True)
     normed.load_state_dict({**plain.state_dict(), **{k: v for k, v in normed.state_dict().items() if "cmvn" in k}})
@@ -282,6 +301,24 @@ def test_audio_reaches_the_translator_and_transcribe_as_files_waveforms_and_fram
     assert "give --audio" in capsys.readouterr().err
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run"), "--json", "--beam", "2"]) == 0
     assert "cer" in json.loads(capsys.readouterr().out.splitlines()[-1])
+
+
+def test_a_universal_speech_model_maps_its_act_steps_over_the_recording(tmp_path, capsys):
+    from tformer.api import train
+    from tformer.cli import main
+
+    corpus = audio_corpus(tmp_path / "c")
+    cfg = _speech_config(corpus, 2)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="universal", max_steps=3,
+                                                             positions="sinusoidal", decoder_positions=""))
+    train(cfg, tmp_path / "ut")
+    assert main(["ponder", "--checkpoint", str(tmp_path / "ut"), "--audio", str(corpus / "test3.wav"), "--out",
+                 str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    steps = [int(x) for x in out.split("steps per source token: [")[1].split("]")[0].split(",")]
+    n = math.ceil(fbank(sf.read(corpus / "test3.wav", dtype="float32")[0], FbankOptions(num_mel_bins=F)).shape[0] / 3)
+    assert len(steps) == n and all(1 <= k <= 3 for k in steps)  # one per model frame, none past max_steps
+    assert (tmp_path / "p" / "step_map.png").stat().st_size > 1000
 
 
 # --------------------------------------------------------------------------- the spoken corpus

@@ -13,10 +13,14 @@ def add_parser(sub) -> None:
     sp = sub.add_parser("ponder", help="a universal transformer's ACT steps: histogram, curve, step map",
                         description="For a model.kind=universal checkpoint: the steps each position takes on "
                         "a split (histogram and shares), mean ponder over training (from the run's "
-                        "metrics.jsonl) and, with --sentence, a per-token step map of its translation.")
+                        "metrics.jsonl) and, with --sentence (or --audio for a speech model), a per-position step map "
+                        "of its translation.")
     sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
     sp.add_argument("--split", default="test", choices=("train", "valid", "test"))
-    sp.add_argument("--sentence", help="a source sentence to decode and map, step by step")
+    source = sp.add_mutually_exclusive_group()
+    source.add_argument("--sentence", help="a source sentence to decode and map, step by step")
+    source.add_argument("--audio", help="a speech model's input (16 kHz wav/flac/ogg or .npy frames) to decode and "
+                        "map, its model frames labelled by the time they start at")
     sp.add_argument("--out", required=True, help="folder for the pictures")
     sp.set_defaults(func=run, overrides=[])
 
@@ -50,13 +54,16 @@ def run(args: argparse.Namespace) -> int:
             plot_ponder_curve(metrics, out / "ponder_curve.png")
             written.append("ponder_curve.png")
             break
-    if args.sentence:
-        if not args.sentence.strip():
+    if args.sentence is not None or args.audio is not None:
+        if translator.reads_frames != (args.audio is not None):
+            raise DataError(f"{args.checkpoint} reads " + ("speech: give --audio FILE" if translator.reads_frames
+                                                           else "text: give --sentence"))
+        if args.sentence is not None and not args.sentence.strip():
             raise DataError("--sentence is empty")
-        translation = translator.translate([args.sentence], return_attention=True)[0]
+        translation = translator.translate([args.audio or args.sentence], return_attention=True)[0]
         s_steps, t_steps = translation.attention.steps
-        plot_step_map(translation.source_tokens + ["</s>"], ["<s>"] + translation.tokens, s_steps, t_steps,
-                      max_steps, out / "step_map.png")
+        source = translation.attention.source if args.audio else translation.source_tokens + ["</s>"]
+        plot_step_map(source, ["<s>"] + translation.tokens, s_steps, t_steps, max_steps, out / "step_map.png")
         written.append("step_map.png")
         print(f"output: {translation.text}\nsteps per source token: {s_steps}\nsteps per target token: {t_steps}")
     print(f"wrote {', '.join(str(out / w) for w in written)}")
