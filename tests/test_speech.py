@@ -185,7 +185,7 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
     # float summation order alone changes this short noisy run that much)
     assert result.best["cer"] < 90.0
     rec = load_recording(tmp_path / "run")  # attention over training, over model frames
-    assert rec.steps == [0, 200, 400] and rec.maps[0][0].source[0] == "f0"
+    assert rec.steps == [0, 200, 400] and rec.maps[0][0].source[:2] == ["0.00s", "0.03s"]  # model frames against time (LFR 4/3)
     with pytest.raises(ValueError, match="feature frames"):
         Explorer(tmp_path / "run")
     ckpt, model = load_model(tmp_path / "run")
@@ -207,7 +207,7 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
     assert [t.text for t in translator.translate([torch.from_numpy(a) for a in arrays])] == texts[:3]
     with pytest.raises(DataError, match=r"sources\[1\]: .*7 values per frame"):
         translator.translate([arrays[0], np.zeros((3, 7), dtype=np.float32)])
-    with pytest.raises(DataError, match=r"sources\[0\]: this model reads feature frames"):
+    with pytest.raises(DataError, match=r"sources\[0\]: this model reads speech: an audio file"):
         translator.translate(["a b"])
     # the command line: evaluate prints CER/WER; transcribe reads the user format
     assert main(["evaluate", "--checkpoint", str(tmp_path / "run"), "--split", "test"]) == 0
