@@ -18,6 +18,7 @@ cost of the audio front end (synthesis, features, memory).
     sinusoidal   recipe speech_baseline: the same model, sinusoidal positions added to the frames
     tupe         speech_tupe with model.positions=tupe (TUPE-A, no relative term)
     conv         speech_baseline with the x4 convolutional front end instead of LFR stacking
+    NAME+ctc     the same with joint CTC/attention training (model.ctc, train.ctc_weight 0.3)
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ MODELS = {
     "sinusoidal": ("speech_baseline", []),
     "tupe": ("speech_tupe", ["model.positions=tupe"]),
     "conv": ("speech_baseline", ["model.frontend=conv"]),
+    "tupe-r+ctc": ("speech_tupe", ["model.ctc=true", "train.ctc_weight=0.3"]),
+    "sinusoidal+ctc": ("speech_baseline", ["model.ctc=true", "train.ctc_weight=0.3"]),
 }
 
 
@@ -146,7 +149,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, default=ROOT / "runs" / "spoken")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "speech-bench")
-    ap.add_argument("--train", type=int, default=10000)
+    ap.add_argument("--train", type=int, default=10000, help="training sentences when the corpus is built here")
     ap.add_argument("--models", nargs="+", default=["tupe-r", "sinusoidal"], choices=list(MODELS))
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--parallel", type=int, default=2)

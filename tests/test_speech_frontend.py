@@ -198,6 +198,59 @@ def test_a_conv_model_decodes_the_same_alone_and_in_a_batch():
                                    np.array([a.scores[0] for a in alone], dtype=float), rtol=1e-4)
 
 
+def ctc_reference(log_probs: np.ndarray, labels: list[int], blank: int = 0) -> float:
+    """-log p(labels | frames) by CTC's forward recursion over the blank-extended labels (Graves et al. 2006),
+    in float64. log_probs (S, V)."""
+    ext = [blank]
+    for y in labels:
+        ext += [y, blank]
+    alpha = np.full(len(ext), -np.inf)
+    alpha[0] = log_probs[0, blank]
+    if len(ext) > 1:
+        alpha[1] = log_probs[0, ext[1]]
+    for t in range(1, log_probs.shape[0]):
+        new = np.full(len(ext), -np.inf)
+        for s in range(len(ext)):
+            terms = [alpha[s]] + ([alpha[s - 1]] if s >= 1 else [])
+            if s >= 2 and ext[s] != blank and ext[s] != ext[s - 2]:
+                terms.append(alpha[s - 2])
+            new[s] = np.logaddexp.reduce(terms) + log_probs[t, ext[s]]
+        alpha = new
+    return -float(np.logaddexp(alpha[-1], alpha[-2]) if len(ext) > 1 else alpha[-1])
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "graph"])
+def test_ctc_loss_equals_the_forward_recursion_over_each_utterance(attention):
+    from tformer.training.loss import ctc_loss
+
+    model = frame_model(ctc=True, attention=attention)
+    src, n = torch.randn(3, 40, F), torch.tensor([40, 25, 31])
+    targets = [[5, 6, 6, 7], [8, 9], [4, 10, 11, 4, 5]]  # a repeated label needs a blank between its copies
+    T = max(len(t) for t in targets) + 1
+    tgt_out = torch.zeros(3, T, dtype=torch.long)
+    for b, t in enumerate(targets):
+        tgt_out[b, : len(t) + 1] = torch.tensor(t + [2])  # ids + </s>
+    lengths = torch.tensor([len(t) + 1 for t in targets])
+    tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long), tgt_out[:, :-1]], 1)
+    out = model(src, n, tgt_in, lengths)
+    got = float(ctc_loss(model, out.encoder, tgt_out, lengths).detach())
+    enc = frame_model(ctc=True).encode(src, n)  # the padded layout's frames, for the reference
+    ref = 0.0
+    for b, t in enumerate(targets):
+        frames = int(enc.mask[b].sum())
+        lp = torch.log_softmax(model.ctc(enc.memory[b, :frames]).double(), -1).detach().numpy()
+        ref += ctc_reference(lp, t)
+    assert got == pytest.approx(ref, rel=1e-4)
+
+
+def test_ctc_settings_are_checked():
+    with pytest.raises(ConfigError, match="model.ctc"):
+        Config(model=ModelConfig(ctc=True))
+    with pytest.raises(ConfigError, match="train.ctc_weight"):
+        Config(model=ModelConfig(source="features", ctc=True), data=DataConfig(task="synthetic_speech"),
+               train=TrainConfig(ctc_weight=0.0))
+
+
 # --------------------------------------------------------------------------- SpecAugment
 
 
@@ -240,7 +293,8 @@ def _speech_config(corpus, steps, **train):
                                            "model.d_ff=64", "model.n_heads=2", "model.encoder_layers=1",
                                            "model.decoder_layers=1", "train.warmup=10", "train.max_hours=0",
                                            "data.speech_shard_size=4", "data.workers=1", "train.freq_mask_width=8",
-                                           "train.time_mask_width=5", "train.max_tokens=60", "train.threads=1"])
+                                           "train.time_mask_width=5", "train.max_tokens=60", "train.threads=1",
+                                           "model.ctc=true", "train.ctc_weight=0.3"])
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=steps, eval_every=steps, epochs=50,
                                                               **train))
 

@@ -93,6 +93,8 @@ class ModelConfig:
     frontend: Literal["stack", "conv"] = "stack"  # features: low frame rate stacking (frame_stack, frame_skip;
     # Speech-Transformer's LFR) or two strided 3x3 convolutions over (time, frequency), 4x fewer frames
     conv_channels: int = 64  # frontend conv: channels of both convolutions
+    ctc: bool = False  # features: a CTC output layer on the encoder, trained beside the decoder (joint CTC/attention,
+    # weight train.ctc_weight): it teaches the encoder to align frames with characters early in training
     cmvn: bool = False  # features: subtract the training frames' mean and divide by their std per value (global
     # CMVN), with statistics computed when the corpus is prepared and kept in the model
     attention: Literal["sdpa", "dense", "graph"] = "sdpa"  # kernel; may change after training (graph: packed,
@@ -299,6 +301,7 @@ class TrainConfig:
     # teach the positions of long ones. 0 = off. See tformer.positions.RandomPositions
     random_draw: Literal["sorted", "shift"] = "sorted"  # random_positions: sorted, L distinct positions (Ruoss et
     # al. 2023); shift, L consecutive ones from a random start (SHAPE, Kiyono et al. 2021)
+    ctc_weight: float = 0.3  # model.ctc: loss = ctc_weight x CTC + (1 - ctc_weight) x attention (ESPnet's mtlalpha)
     freq_masks: int = 0  # SpecAugment (features, training only): bands of feature values set to the mean, each
     # up to freq_mask_width wide; seeded by (seed, update, rank, micro-batch), so a resumed run masks the same
     freq_mask_width: int = 27  # SpecAugment: the widest frequency mask (values)
@@ -329,6 +332,7 @@ class TrainConfig:
                f"{self.random_positions}")
         for name in ("freq_masks", "freq_mask_width", "time_masks", "time_mask_width"):
             _check(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _check(0.0 <= self.ctc_weight < 1.0, "train.ctc_weight", f"is a share in [0, 1), got {self.ctc_weight}")
         _check(0.0 < self.time_mask_ratio <= 1.0, "train.time_mask_ratio",
                f"is a share of the utterance in (0, 1], got {self.time_mask_ratio}")
         _check(0.0 <= self.target_exact_match <= 1.0, "train.target_exact_match",
@@ -397,6 +401,11 @@ class Config:
                f"{'features' if speech else 'tokens'}")
         _check(not (speech and self.model.share_embeddings), "model.share_embeddings",
                "a frame encoder has no source embeddings to share")
+        _check(not self.model.ctc or self.model.source == "features", "model.ctc",
+               "CTC aligns long inputs with shorter outputs: it is built for frame encoders (model.source=features)")
+        _check(not self.model.ctc or self.train.ctc_weight > 0, "train.ctc_weight",
+               "model.ctc has a CTC layer that nothing would train with train.ctc_weight=0; give it a weight "
+               "(0.3 is ESPnet's) or set model.ctc=false")
         augment = self.train.freq_masks or self.train.time_masks
         _check(not augment or self.model.source == "features", "train.freq_masks",
                "SpecAugment masks feature frames: a model that reads tokens (model.source=tokens) has none")

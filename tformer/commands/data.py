@@ -32,9 +32,11 @@ def add_parser(sub) -> None:
     for name, help_ in (("train", "training sentences"), ("valid", "validation sentences"),
                         ("test", "test sentences"), ("renditions", "voices per training sentence"),
                         ("seed", "draws the sentences, voices and noise"), ("workers", "processes (0: one per core)")):
-        spoken.add_argument(f"--{name}", type=int, default=getattr(d, name), help=f"{help_} (default {getattr(d, name)})")
+        spoken.add_argument(f"--{name}", type=int, default=getattr(d, name),
+                            help=f"{help_} (default {getattr(d, name)})")
     spoken.add_argument("--snr", type=float, nargs="+", default=list(d.snrs), metavar="DB",
-                        help=f"training: clean or white noise at one of these SNRs (default {' '.join(map(str, d.snrs))})")
+                        help="training: clean or white noise at one of these SNRs (default "
+                        f"{' '.join(map(str, d.snrs))})")
     spoken.add_argument("--test-snr", type=float, default=d.test_snr, help="SNR of the noisy test copy (default "
                         f"{d.test_snr:g}: test_snr{d.test_snr:g}.tsv)")
     spoken.add_argument("--voices", nargs="+", default=list(d.voices), help="espeak-ng languages (default: "

@@ -9,11 +9,11 @@ memory-mapped shards, with the training set's global CMVN statistics.
     DIR/{split}/{k:05d}.json     the receipt, written last: counts, file sizes and SHA-256, and the float64 sums
                                  of the frames and of their squares per value (CMVN is summed from these)
 
-Shard k holds utterances k x data.speech_shard_size ... of its split's list. As for text (tformer.data.prepared), every file
-is written under a temporary name and renamed, a shard counts once its receipt is there, and a rerun keeps the
-finished shards: an interrupted `tformer prepare` loses nothing. Before any features are computed, every line
-of every list and every file's header is checked, and all problems are reported with their lines: a corpus
-with a stereo or 8 kHz file is refused with nothing written. Reading maps the feature files; only the lengths
+Shard k holds utterances k x data.speech_shard_size ... of its split's list. As for text (tformer.data.prepared),
+every file is written under a temporary name and renamed, a shard counts once its receipt is there, and a rerun
+keeps the finished shards: an interrupted `tformer prepare` loses nothing. Before any features are computed, every
+line of every list and every file's header is checked, and all problems are reported with their lines: a corpus with
+a stereo or 8 kHz file is refused with nothing written. Reading maps the feature files; only the lengths
 are held in memory, so memory does not grow with the corpus.
 """
 

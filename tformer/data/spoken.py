@@ -14,9 +14,10 @@ spoken once each, clean, and `test_snr{N}` repeats the test utterances with nois
     OUT/utterances.tsv           id, voice, speed, pitch, snr (dB, or 'clean') and the text spoken
     OUT/spoken.json              the espeak-ng version, the settings, the source file and the split sizes
 
-espeak-ng writes 22,050 Hz (its rate is read from the header); the audio is resampled to 16 kHz with soxr before noise is added. Every file is
-written under a temporary name and renamed, each split's list last: an interrupted build keeps the finished
-audio, and the same command run again completes it (each utterance's noise is seeded by its own id).
+espeak-ng writes 22,050 Hz (its rate is read from the header); the audio is resampled to 16 kHz with soxr before
+noise is added. Every file is written under a temporary name and renamed, each split's list last: an interrupted
+build keeps the finished audio, and the same command run again completes it
+(each utterance's noise is seeded by its own id).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ INSTALL_HINT = ("install it: Debian/Ubuntu `apt-get install espeak-ng` (or `bash
 
 @dataclass(frozen=True)
 class SpokenSettings:
-    train: int = 12000  # sentences in training (each spoken `renditions` times)
+    train: int = 10000  # sentences in training (each spoken `renditions` times)
     valid: int = 300  # sentences in validation (spoken once, clean)
     test: int = 500  # sentences in test (spoken once clean, and once more at test_snr)
     renditions: int = 2  # voices per training sentence
@@ -144,7 +145,8 @@ def plan(sentences: Iterable[str], settings: SpokenSettings) -> list[Utterance]:
     out: list[Utterance] = []
 
     def voice() -> tuple[str, int, int]:
-        v = f"{settings.voices[rng.integers(len(settings.voices))]}+{settings.variants[rng.integers(len(settings.variants))]}"
+        language = settings.voices[rng.integers(len(settings.voices))]
+        v = f"{language}+{settings.variants[rng.integers(len(settings.variants))]}"
         return v, int(rng.integers(settings.speeds[0], settings.speeds[1] + 1)), int(
             rng.integers(settings.pitches[0], settings.pitches[1] + 1))
 

@@ -84,6 +84,7 @@ class ModelOutput(NamedTuple):
     attentions: Attentions | None = None
     packed: bool = False
     ponder: "tuple[Ponder, Ponder] | None" = None  # ACT statistics, (source, target) (universal transformer)
+    encoder: EncoderOutput | None = None  # what the decoder read (forward sets it; the CTC loss reads it)
 
     def real(self) -> Tensor:
         """(Nt, D): the real target positions, sentence after sentence (what the loss reads)."""
@@ -136,6 +137,7 @@ class Transformer(nn.Module):
         self.encoder = build_stack(cfg, "encoder")
         self.decoder = build_stack(cfg, "decoder")
         self.generator = nn.Linear(D, tgt_vocab)
+        self.ctc = nn.Linear(D, tgt_vocab) if cfg.ctc else None  # blank: the padding id (never a target)
         self.encoder_structure = build_structure(cfg.encoder_structure)
         self.decoder_structure = build_structure(cfg.decoder_structure)
         self.reset_parameters()
@@ -231,7 +233,7 @@ class Transformer(nn.Module):
         share (source and target slot i at the same position, as at inference)."""
         index = None if positions is None else positions(max(src.shape[1], tgt_in.shape[1]), src.device)
         enc = self.encode(src, src_lengths, need_weights, index)
-        return self.decode(tgt_in, tgt_lengths, enc, need_weights, index)
+        return self.decode(tgt_in, tgt_lengths, enc, need_weights, index)._replace(encoder=enc)
 
     # ------------------------------------------------------------------ decoder, one step at a time
 

@@ -39,7 +39,7 @@ from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, che
 from tformer.training.distributed import Context, all_reduce_update
 from tformer.training.ema import EMA
 from tformer.training.precision import Precision
-from tformer.training.loss import generator_loss
+from tformer.training.loss import ctc_loss, generator_loss
 from tformer.training.batches import Batches, SubwordSampling, prefetch
 from tformer.training.schedule import learning_rate
 from tformer.training.state import TrainerState, validation_key
@@ -96,28 +96,34 @@ class StepLoss(NamedTuple):
     nll: torch.Tensor  # summed nll
     correct: int  # correct next-token predictions
     ponder_steps: float = 0.0  # ACT steps summed over source and target positions (universal transformer)
-    ponder_loss: float = 0.0  # the part of `loss` that is ponder_weight x ponder cost
+    aux_loss: float = 0.0  # the part of `loss` that is not the decoder's (ponder cost, CTC): left out of the log
     positions: int = 0  # the positions those steps are over
 
 
 def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float = 0.0,
-                    positions: RandomPositions | None = None) -> StepLoss:
+                    positions: RandomPositions | None = None, ctc_weight: float = 0.0) -> StepLoss:
     """Summed smoothed loss, summed nll and correct predictions for one batch (generator on real
     positions only: padding costs no vocabulary projection). A universal transformer adds its ponder cost
     (N + R summed over real source and target positions) times `ponder_weight` to the loss. `positions`:
-    randomised positions for this batch (train.random_positions)."""
+    randomised positions for this batch (train.random_positions). A model with a CTC layer (model.ctc) mixes in its
+    loss: ctc_weight x CTC + (1 - ctc_weight) x the decoder's; the logged loss and nll stay the decoder's."""
     output = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths, positions=positions)
     hidden = output.real()  # (N, D)
     real = batch.tgt_out != Vocab.pad  # (B, T)
     target = batch.tgt_out[real]  # (N,)
     out = generator_loss(hidden, model.generator, target, eps, Vocab.pad)  # logits (N, V) in row chunks
+    loss, aux = out.loss, 0.0
+    if model.ctc is not None and ctc_weight:
+        loss = (1 - ctc_weight) * out.loss + ctc_weight * ctc_loss(model, output.encoder, batch.tgt_out,
+                                                                  batch.tgt_lengths)
+        aux = float(loss.detach() - out.loss.detach())
     if output.ponder is None:
-        return StepLoss(out.loss, out.nll, out.correct)
+        return StepLoss(loss, out.nll, out.correct, aux_loss=aux)
     cost = sum(p.cost for p in output.ponder)
     steps = float(sum(p.steps.sum() for p in output.ponder))
     positions = sum(int((p.steps > 0).sum()) for p in output.ponder)  # real positions (model frames for features)
-    return StepLoss(out.loss + ponder_weight * cost, out.nll, out.correct, steps, float(ponder_weight * cost.detach()),
-                    positions)
+    aux += float(ponder_weight * cost.detach())
+    return StepLoss(loss + ponder_weight * cost, out.nll, out.correct, steps, aux, positions)
 
 
 class _Window:
@@ -172,10 +178,10 @@ def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Ba
             b = dataclasses.replace(b, src=augment(b.src, b.src_lengths, t.seed, step, ctx.rank, j,
                                                    fill=getattr(model.src_embed, "cmvn_mean", None)))
         with amp.autocast() if amp else contextlib.nullcontext():
-            out = train_step_loss(model, b, t.label_smoothing, t.ponder_weight, positions)
+            out = train_step_loss(model, b, t.label_smoothing, t.ponder_weight, positions, t.ctc_weight)
         loss = out.loss if ctx.enabled else out.loss / n_tgt
         (amp.scaler.scale(loss) if amp and amp.scaler else loss).backward()
-        for i, v in enumerate((float(out.loss.detach()) - out.ponder_loss, float(out.nll.detach()), out.correct,
+        for i, v in enumerate((float(out.loss.detach()) - out.aux_loss, float(out.nll.detach()), out.correct,
                                out.ponder_steps, out.positions, b.n_src_tokens)):
             sums[i] += v
     if ctx.enabled:

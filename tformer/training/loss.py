@@ -165,3 +165,20 @@ def generator_loss(hidden: Tensor, generator: torch.nn.Linear, target: Tensor, e
     logits = generator(hidden)  # (N, V)
     out = label_smoothed_nll_loss(logits, target, eps, pad)
     return GeneratorLoss(out.loss, out.nll, out.n_tokens, token_accuracy(logits.detach(), target, pad)[0])
+
+
+def ctc_loss(model, enc, tgt_out: Tensor, tgt_lengths: Tensor) -> Tensor:
+    """CTC's negative log-likelihood of each target (its ids without </s>) given the encoder's output, summed
+    over the batch; the blank is the padding id. enc: the EncoderOutput the decoder read (padded or packed);
+    tgt_out (B, T) ids + </s>, tgt_lengths (B,) with the </s>. A target that cannot align with its frames (more
+    labels than frames) costs nothing rather than infinity."""
+    mask = enc.mask  # (B, S') True at real frames
+    memory = enc.memory
+    if enc.packed:  # (1, Ns, D) -> (B, S', D)
+        padded = memory.new_zeros(*mask.shape, memory.shape[-1])
+        padded[mask] = memory[0]
+        memory = padded
+    log_probs = torch.log_softmax(model.ctc(memory).float(), dim=-1).transpose(0, 1)  # (S', B, V)
+    targets = tgt_out[:, : max(int(tgt_lengths.max()) - 1, 1)]
+    return torch.nn.functional.ctc_loss(log_probs, targets, mask.sum(1), tgt_lengths - 1, blank=0,
+                                        reduction="sum", zero_infinity=True)
