@@ -14,11 +14,12 @@ cost of the audio front end (synthesis, features, memory).
    --parallel at a time side by side (so each sees the same machine); the best checkpoint (validation CER) is
    scored on test (clean) and test_snr10, greedy and with beam --beam.
 
-    tupe-r       recipe speech_tupe: TUPE-R encoder (untied positional bias + relative term), LFR 4/3
-    sinusoidal   recipe speech_baseline: the same model, sinusoidal positions added to the frames
-    tupe         speech_tupe with model.positions=tupe (TUPE-A, no relative term)
-    conv         speech_baseline with the x4 convolutional front end instead of LFR stacking
-    NAME+ctc     the same with joint CTC/attention training (model.ctc, train.ctc_weight 0.3)
+    tupe-r+ctc       recipe speech_tupe: TUPE-R encoder (untied positional bias + relative term), LFR 4/3,
+                     joint CTC/attention training (model.ctc, train.ctc_weight 0.3)
+    sinusoidal+ctc   recipe speech_baseline: the same model, sinusoidal positions added to the frames
+    tupe-r, sinusoidal   the same two with model.ctc=false: the attention decoder's loss alone
+    tupe+ctc         speech_tupe with model.positions=tupe (TUPE-A, no relative term)
+    conv+ctc         speech_baseline with the x4 convolutional front end instead of LFR stacking
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ from common import SHARED_DATA, report  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 TFORMER = [sys.executable, "-m", "tformer"]
 MODELS = {
-    "tupe-r": ("speech_tupe", []),
-    "sinusoidal": ("speech_baseline", []),
-    "tupe": ("speech_tupe", ["model.positions=tupe"]),
-    "conv": ("speech_baseline", ["model.frontend=conv"]),
-    "tupe-r+ctc": ("speech_tupe", ["model.ctc=true", "train.ctc_weight=0.3"]),
-    "sinusoidal+ctc": ("speech_baseline", ["model.ctc=true", "train.ctc_weight=0.3"]),
+    "tupe-r+ctc": ("speech_tupe", []),
+    "sinusoidal+ctc": ("speech_baseline", []),
+    "tupe-r": ("speech_tupe", ["model.ctc=false"]),
+    "sinusoidal": ("speech_baseline", ["model.ctc=false"]),
+    "tupe+ctc": ("speech_tupe", ["model.positions=tupe"]),
+    "conv+ctc": ("speech_baseline", ["model.frontend=conv"]),
 }
 
 
@@ -94,7 +95,8 @@ def features(args, spoken: dict) -> list[str]:
                 f"prepare_features(cfg.data, '{out}', 80, ['train'])")
         prep = peak_rss_mb(code)
         read = peak_rss_mb(f"from tformer.data.features import PreparedFeatures\nf = PreparedFeatures.open('{out}')"
-                           ".frames('train')\nn = sum(x.shape[0] for x in f)")
+                           ".frames('train')\nn = 0\nfor i in range(len(f)):\n    n += f[i].shape[0]\n"
+                           "    if i % 1000 == 999:\n        f.release()  # training: every 256 updates")
         rows.append(f"| peak RSS, {len(lines) // share:,} training utterances | prepare (1 worker) {prep:.0f} MB | "
                     f"read every utterance {read:.0f} MB |")
     return rows
@@ -150,7 +152,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=ROOT / "runs" / "spoken")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs" / "speech-bench")
     ap.add_argument("--train", type=int, default=10000, help="training sentences when the corpus is built here")
-    ap.add_argument("--models", nargs="+", default=["tupe-r", "sinusoidal"], choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=["tupe-r+ctc", "sinusoidal+ctc"], choices=list(MODELS))
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--beam", type=int, default=4)

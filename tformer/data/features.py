@@ -176,6 +176,11 @@ class FrameShards(Sequence):
     def __len__(self) -> int:
         return self._starts[-1]
 
+    def release(self) -> None:
+        """Hand the mapped pages read so far back to the page cache, so a long epoch does not grow the process."""
+        for m in self._feats + self._offsets:
+            m.release()
+
     def __getitem__(self, i: int) -> Tensor:  # type: ignore[override]
         i = int(i) + (len(self) if int(i) < 0 else 0)
         if not 0 <= i < len(self):
@@ -198,6 +203,9 @@ class SpeechExamples(Sequence):
 
     def __getitem__(self, i: int) -> tuple[Tensor, list[int]]:  # type: ignore[override]
         return self.frames[i], self.targets[i]
+
+    def release(self) -> None:
+        self.frames.release()
 
     def model_lengths(self, frame_rate: int = 1) -> tuple[np.ndarray, np.ndarray]:
         src = -(-self.frames.lengths.astype(np.int64) // frame_rate)
