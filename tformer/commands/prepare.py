@@ -31,7 +31,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.api import prepare, train_config
-    from tformer.errors import DataError
 
     if args.print_config:
         common.print_config(train_config(args.config, overrides=args.overrides))
@@ -46,13 +45,7 @@ def run(args: argparse.Namespace) -> int:
                   f"({e['frames'] / 360_000:.2f} hours at 100 frames/s) in {e['shards']} shard(s)")
         if "cmvn" in m:
             print(f"  CMVN statistics from {m['cmvn']['frames']:,} training frames")
-        if args.verify:
-            problems = corpus.verify()
-            if problems:
-                raise DataError("verification failed: " + "; ".join(problems[:5]))
-            print("  verified: every shard matches its SHA-256")
-        print(f"now: tformer train --config {args.config} data.prepared={corpus.path}")
-        return 0
+        return _verify_and_next(args, corpus)
     tok = m["tokenizer"]
     sample = tok["sample"] or {}
     learned = (f"; learned from {sample['pairs']:,} of {sample['of']:,} training pairs"
@@ -65,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
         dropped = sum(e["dropped"].values())
         print(f"  {split}: {e['pairs']:,} pairs ({e['tokens']:,} tokens) in {e['shards']} shard(s)"
               + (f"; {dropped:,} of {e['raw_pairs']:,} dropped by the filters" if dropped else ""))
+    return _verify_and_next(args, corpus)
+
+
+def _verify_and_next(args: argparse.Namespace, corpus) -> int:
+    from tformer.errors import DataError
+
     if args.verify:
         problems = corpus.verify()
         if problems:

@@ -36,17 +36,17 @@ from tqdm import tqdm
 
 from tformer.config import DataConfig
 from tformer.data.audio import FbankOptions
-from tformer.data.prepared import MappedArray, _npy_bytes, read_receipt, sha256_file, write_file
+from tformer.data import prepared
+from tformer.data.prepared import MappedArray, _npy_bytes, read_receipt, sha256_file, write_file, write_manifest
 from tformer.data.speech import Entry, check_files, read_list, split_list, utterance_features
 from tformer.data.synthetic import SPLITS
 from tformer.errors import DataError
-from tformer.files import replace_atomically
 
 log = logging.getLogger("tformer")
 
 FORMAT = "tformer-features"
 VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = prepared.MANIFEST
 
 
 def identity(cfg: DataConfig, feature_dim: int) -> dict[str, Any]:
@@ -283,21 +283,7 @@ class PreparedFeatures:
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    file = path / MANIFEST
-    if not file.exists():
-        return None
-    try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{file} cannot be read ({e}); remove the folder and run `tformer prepare` again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise DataError(f"{file} is not a prepared speech corpus manifest (format '{FORMAT}'); choose another folder")
-    return manifest
-
-
-def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    with replace_atomically(path / MANIFEST, fsync=True) as f:
-        f.write(json.dumps(manifest, indent=1))
+    return prepared.read_manifest(path, FORMAT, (("identity", dict), ("splits", dict)))
 
 
 def prepared_features(cfg: DataConfig, feature_dim: int, splits: Iterable[str], progress: bool = False

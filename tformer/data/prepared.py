@@ -350,8 +350,10 @@ def load_tokenizers(path: Path, manifest: dict[str, Any]) -> tuple[Tokenizer, To
     return src, tgt
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest of a prepared corpus folder; None when there is none. A damaged or foreign one is an error."""
+def read_manifest(path: Path, fmt: str = FORMAT, keys: tuple[tuple[str, type], ...] = (
+        ("identity", dict), ("splits", dict), ("dtype", str))) -> dict[str, Any] | None:
+    """The manifest of a prepared corpus folder (of format `fmt`: text, or tformer.data.features' speech
+    features, with its `keys`); None when there is none. A damaged or foreign one is an error."""
     file = path / MANIFEST
     if not file.exists():
         return None
@@ -359,13 +361,13 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{file} cannot be read ({e}); remove the folder and run `tformer prepare` again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise DataError(f"{file} is not a tformer prepared-corpus manifest (no format '{FORMAT}'); choose "
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        raise DataError(f"{file} is not a tformer prepared-corpus manifest (no format '{fmt}'); choose "
                         "another folder")
     if manifest.get("version", 0) > VERSION:
         raise DataError(f"{file}: format version {manifest.get('version')} is newer than this tformer reads "
                         f"({VERSION}); upgrade tformer")
-    for key, kind in (("identity", dict), ("splits", dict), ("dtype", str)):
+    for key, kind in keys:
         if not isinstance(manifest.get(key), kind):
             raise DataError(f"{file}: '{key}' is missing or not a {kind.__name__}; the file is damaged: remove the "
                             "folder and run `tformer prepare` again")
