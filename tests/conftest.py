@@ -98,6 +98,29 @@ def assert_kernels_and_batching_agree(dense, build) -> None:
         torch.testing.assert_close(alone, want, rtol=1e-5, atol=2e-5)
 
 
+def assert_follows_input_device(fn, *args, **kwargs):
+    """`fn` puts every tensor it makes on its inputs' device: called on CPU inputs while the default device is
+    'meta', it must give the CPU result. A tensor made without `device=` lands on meta and mixing it with the
+    CPU inputs raises; a GPU run would instead put it on the wrong device. Returns the result."""
+    want = fn(*args, **kwargs)
+    with torch.device("meta"):
+        got = fn(*args, **kwargs)
+    flat_want, flat_got = _tensors(want), _tensors(got)
+    assert len(flat_got) == len(flat_want)
+    for g, w in zip(flat_got, flat_want):
+        assert g.device == w.device and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    return want
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

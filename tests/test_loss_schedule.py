@@ -118,3 +118,21 @@ def test_chunked_generator_loss_equals_the_explicit_formula_and_its_autograd(mon
         plain = loss_mod.generator_loss(hidden, gen, target, eps, PAD)
     torch.testing.assert_close(plain.loss, want_loss)
     assert int(plain.correct) == int(got.correct)
+
+
+@pytest.mark.parametrize("step", [1, 3, 100, 250, 4000])
+def test_learning_rate_dispatches_each_schedule_to_its_formula(step):
+    d, lr, warmup = 64, 2.0, 250
+    noam_cfg = TrainConfig(schedule="noam", lr=lr, warmup=warmup)
+    assert learning_rate(step, noam_cfg, d) == pytest.approx(lr * d**-0.5 * min(step**-0.5, step * warmup**-1.5))
+    sqrt_cfg = TrainConfig(schedule="inverse_sqrt", lr=lr, warmup=warmup)
+    want = lr * step / warmup if step < warmup else lr * (warmup / step) ** 0.5
+    assert learning_rate(step, sqrt_cfg, d) == pytest.approx(want)
+
+
+def test_inverse_sqrt_from_step_zero_and_without_warmup():
+    assert inverse_sqrt(0, 1.0, 100) == pytest.approx(0.01)  # step 0 counts as the first update
+    assert noam(0, 64, 1.0, 100) == pytest.approx(64**-0.5 * 100**-1.5)
+    for warmup in (0, 1):  # no warm-up: peak / sqrt(step) from the first update
+        assert inverse_sqrt(4, 1.0, warmup) == pytest.approx(0.5)
+        assert inverse_sqrt(1, 1.0, warmup) == pytest.approx(1.0)

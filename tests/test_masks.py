@@ -27,3 +27,114 @@ def test_decoder_mask_is_causal_and_hides_padding():
     assert m.shape == (2, 1, 3, 3)
     assert m[0, 0].tolist() == [[T, F, F], [T, T, F], [T, T, T]]
     assert m[1, 0].tolist() == [[T, F, F], [T, T, F], [T, T, F]]  # the padded key is never seen
+
+
+# --------------------------------------------------------------------------- graphs, against masks written out
+
+import pytest  # noqa: E402
+
+from conftest import assert_follows_input_device  # noqa: E402
+from tformer.masks import (Graph, PositionBias, Segments, bipartite_graph, graph_from_mask,  # noqa: E402
+                           packed_positions, self_graph)
+from tformer.structures import FULL  # noqa: E402
+
+
+def rectangle(lq: int, lk: int) -> torch.Tensor:
+    """Every (query, key) pair of an lq x lk block, made on the CPU whatever the default device."""
+    q, k = torch.meshgrid(torch.arange(lq, device="cpu"), torch.arange(lk, device="cpu"), indexing="ij")
+    return torch.stack([q.reshape(-1), k.reshape(-1)], 1)
+
+
+def lower(lq: int, lk: int) -> torch.Tensor:
+    pairs = rectangle(lq, lk)
+    return pairs[pairs[:, 1] <= pairs[:, 0]]
+
+
+def test_masks_follow_their_inputs_device():
+    lengths, rows = torch.tensor([3, 1, 0]), torch.tensor([2, 3])  # made here: inside, they would be on meta
+    assert_follows_input_device(padding_mask, lengths)
+    assert_follows_input_device(decoder_mask, padding_mask(lengths))
+    assert_follows_input_device(packed_positions, lengths)
+    for pattern in (None, lower):
+        segments = Segments(torch.tensor([0, 3, 4]), lengths, torch.tensor([0, 3, 4]), lengths, pattern)
+        assert_follows_input_device(lambda: Graph(4, 4, segments=segments).edges)
+        assert_follows_input_device(lambda: Graph(4, 4, segments=segments).dense())
+        assert_follows_input_device(lambda: Graph(4, 4, segments=segments).restrict(rows).edges)
+    empty = Segments(torch.tensor([0]), torch.tensor([0]), torch.tensor([0]), torch.tensor([0]), lower)
+    assert_follows_input_device(lambda: Graph(0, 0, segments=empty).edges)
+
+
+def test_graph_dense_is_a_bool_mask_of_its_edges():
+    g = graph_from_mask(torch.tensor([[T, F], [T, T]]))  # a (T, S) mask, no batch dimension
+    assert (g.n_queries, g.n_keys) == (2, 2)
+    assert g.dense().dtype == torch.bool
+    assert g.dense().tolist() == [[T, F], [T, T]]
+    assert graph_from_mask(torch.tensor([[[F, T]], [[T, T]]])).dense().tolist() == [[F, T, F, F], [F, F, T, T]]
+
+
+def test_segments_of_different_query_and_key_lengths_list_each_block_with_its_pattern():
+    # two blocks of the same query length and different key lengths: 2 x 2 and 2 x 3, full rectangles
+    segments = Segments(torch.tensor([0, 2]), torch.tensor([2, 2]), torch.tensor([0, 2]), torch.tensor([2, 3]),
+                        rectangle)
+    assert Graph(4, 5, segments=segments).dense().tolist() == [
+        [T, T, F, F, F], [T, T, F, F, F], [F, F, T, T, T], [F, F, T, T, T]]
+    assert Graph(4, 5, segments=segments._replace(pattern=None)).dense().tolist() == [
+        [T, T, F, F, F], [T, T, F, F, F], [F, F, T, T, T], [F, F, T, T, T]]
+
+
+def test_empty_sentences_give_no_edges_and_never_reach_the_pattern():
+    calls = []
+
+    def causal(lq, lk):
+        calls.append((lq, lk))
+        return lower(lq, lk)
+
+    g = self_graph(torch.tensor([0, 2, 0, 1]), FULL, causal=True)
+    assert g.dense().tolist() == [[T, F, F], [T, T, F], [F, F, T]]
+    segments = Segments(torch.tensor([0, 0, 2]), torch.tensor([0, 2, 1]), torch.tensor([0, 0, 2]),
+                        torch.tensor([3, 2, 1]), causal)
+    assert Graph(3, 3, segments=segments).dense().tolist() == [[T, F, F], [T, T, F], [F, F, T]]
+    assert all(lq > 0 and lk > 0 for lq, lk in calls), calls
+    for pattern in (causal, None):
+        none = Graph(0, 0, segments=Segments(*(torch.tensor([0, 0]),) * 4, pattern))
+        query, key = none.edges
+        assert query.shape == key.shape == (0,) and query.dtype == key.dtype == torch.long
+        assert none.n_edges == 0 and none.local_positions()[0].shape == (0,)
+
+
+def test_restricted_graphs_keep_positions_inside_sentences():
+    # sentences of 3 and 2 tokens packed as nodes 0-2 and 3-4; keep queries 2 and 4 (the last of each)
+    for pattern_graph in (self_graph(torch.tensor([3, 2]), FULL, causal=False),
+                          self_graph(torch.tensor([3, 2]), FULL, causal=True),
+                          bipartite_graph(torch.tensor([3, 2]), torch.tensor([3, 2]))):
+        child = pattern_graph.restrict(torch.tensor([2, 4]))
+        assert not child.aligned  # query i of a block is not position i of its sentence
+        query, key = child.edges
+        pq, pk = child.local_positions()
+        parent_q = torch.tensor([2, 4])[query]
+        assert (pq == parent_q - torch.tensor([0, 0, 0, 3, 3])[parent_q]).all()  # position of the kept query
+        assert (pk == key - torch.tensor([0, 0, 0, 3, 3])[key]).all()
+        assert (pq[query == 0] == 2).all() and (pq[query == 1] == 1).all() and len(pq) > 0
+
+
+def test_local_positions_need_segments():
+    g = Graph(2, 2, torch.tensor([0, 1]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="positions inside sentences are known only for graphs built from segments"):
+        g.local_positions()
+
+
+def test_a_graph_needs_one_query_and_one_key_per_edge():
+    with pytest.raises(AssertionError):
+        Graph(2, 2)  # neither edges nor segments
+    with pytest.raises(AssertionError):
+        Graph(2, 2, query=torch.tensor([0, 1]))  # a query list without keys
+    with pytest.raises(AssertionError, match="one query and one key per edge"):
+        Graph(2, 2, torch.tensor([0, 1]), torch.tensor([0]))
+
+
+def test_each_position_bias_is_gathered_for_its_own_table():
+    g = self_graph(torch.tensor([2]), FULL, causal=False)
+    a, b = PositionBias(torch.arange(4.0).reshape(1, 2, 2)), PositionBias(-torch.arange(4.0).reshape(1, 2, 2))
+    assert a.per_edge(g)[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert b.per_edge(g)[:, 0].tolist() == [0.0, -1.0, -2.0, -3.0]  # not a's, cached on the same graph
+    assert a.per_edge(g) is a.per_edge(g)

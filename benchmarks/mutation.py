@@ -1,0 +1,217 @@
+"""Mutation testing of the mathematical core: each module against the tests that exercise it (mutmut 3).
+
+    python benchmarks/mutation.py                       # every module below, one after another
+    python benchmarks/mutation.py masks decode --jobs 2 # some modules; 2 mutants at a time
+    python benchmarks/mutation.py --record              # append the table to benchmarks/RESULTS.md
+
+For each module, a scratch copy of the package and the tests is made under build/mutation/<module>/, with a
+`[tool.mutmut]` section naming the file(s) to mutate and the test files to run. mutmut collects which test
+touches which function once, then runs each mutant against only those tests, in a forked worker (the fork
+server mode, since torch is not fork-safe after it has started threads).
+
+A mutant that no test kills is either a gap in the tests (write a test that kills it) or equivalent: it
+cannot change behaviour. Equivalent mutants are listed, each with its mutated line and the reason, in
+benchmarks/mutation_equivalent.yaml; the score leaves them out. An entry whose line no longer matches the
+mutant of that name is reported as stale and does not count. Survivors are written, with their diffs, to
+build/mutation/<module>/survivors.md.
+
+The score is (killed + timed out) / (mutants - equivalent). A mutant no selected test reaches counts as
+surviving. This is not part of .ci/run: a full run takes about an hour on this 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHARED_DATA, report  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "mutation"
+EQUIVALENT = ROOT / "benchmarks" / "mutation_equivalent.yaml"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    mutate: tuple[str, ...]  # globs of files to mutate, relative to the repository root
+    tests: tuple[str, ...]  # pytest arguments choosing the tests that exercise them
+
+
+TARGETS = [
+    Target("masks", ("tformer/masks.py",),
+           ("tests/test_masks.py", "tests/test_attention.py", "tests/test_graph.py", "tests/test_model.py",
+            "tests/test_tupe.py", "tests/test_universal_graph.py")),
+    Target("positions", ("tformer/positions.py",),
+           ("tests/test_position_schemes.py", "tests/test_tupe.py", "tests/test_model.py",
+            "tests/test_import_marian.py")),
+    Target("attention", ("tformer/attention/*",),
+           ("tests/test_attention.py", "tests/test_blocks.py", "tests/test_decode_kernels.py", "tests/test_graph.py",
+            "tests/test_tupe.py")),
+    Target("decode", ("tformer/decode/*",),
+           ("tests/test_decode.py", "tests/test_beam.py", "tests/test_decode_kernels.py", "tests/test_prefix.py",
+            )),
+    Target("act", ("tformer/model/act.py",),
+           ("tests/test_universal.py", "tests/test_universal_graph.py")),
+    Target("loss", ("tformer/training/loss.py",),
+           ("tests/test_loss_schedule.py", "tests/test_speech_frontend.py")),
+    Target("schedule", ("tformer/training/schedule.py",),
+           ("tests/test_loss_schedule.py",)),
+    Target("batching", ("tformer/data/batching.py",),
+           ("tests/test_data.py", "tests/test_properties.py")),
+    Target("specaugment", ("tformer/data/specaugment.py",),
+           ("tests/test_speech_frontend.py",)),
+    Target("metrics", ("tformer/metrics.py",),
+           ("tests/test_bleu_lowercase.py", "tests/test_translation.py")),
+]
+KILLED = {"killed", "timeout"}
+
+
+def toml_list(items) -> str:
+    return "[" + ", ".join(f'"{x}"' for x in items) + "]"
+
+
+def sandbox(target: Target) -> Path:
+    """A fresh copy of the package and tests with a pyproject whose [tool.mutmut] names this target."""
+    work = WORK / target.name
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("tformer", "tests"):
+        shutil.copytree(ROOT / part, work / part, ignore=ignore)
+    tests = [t for t in target.tests if (ROOT / t.split("::")[0]).exists()]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    pyproject = re.sub(r"(?m)^addopts = .*$", "", pyproject)  # xdist's --dist has no place inside mutmut
+    pyproject += (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["tformer"]\n'
+        f"only_mutate = {toml_list(target.mutate)}\n"
+        'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]\n'
+        f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
+        'process_isolation = "forkserver"\n'
+        "use_git_change_detection = false\n"
+    )
+    (work / "pyproject.toml").write_text(pyproject)
+    return work
+
+
+def mutmut(work: Path, *args: str, log=None) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TFORMER_SHARED_DATA=str(SHARED_DATA),
+               PYTHONHASHSEED="0")
+    exe = [sys.executable, "-m", "mutmut", *args]
+    if log is not None:
+        subprocess.run(exe, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        return ""
+    return subprocess.run(exe, cwd=work, env=env, capture_output=True, text=True, check=True).stdout
+
+
+def mutated_line(diff: str) -> str:
+    """The first added line of a mutant's diff, stripped: what the equivalents file records."""
+    for line in diff.splitlines():
+        if line.startswith("+") and not line.startswith("+++"):
+            return line[1:].strip()
+    return ""
+
+
+def load_equivalent() -> dict[str, dict]:
+    if not EQUIVALENT.exists():
+        return {}
+    return yaml.safe_load(EQUIVALENT.read_text()) or {}
+
+
+def results(work: Path) -> dict[str, str]:
+    """Each mutant's status: killed, timeout, survived, no tests, ..."""
+    statuses = {}
+    for line in mutmut(work, "results", "--all", "true").splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep:
+            statuses[name] = status.strip()
+    return statuses
+
+
+def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bool) -> dict:
+    """Mutate and test one target. With `again`, keep the last run's verdicts and run only the mutants it did not
+    kill, against the tests as they are now (tests are only ever added or strengthened, so a killed mutant stays
+    killed)."""
+    work = WORK / target.name
+    names: list[str] = []
+    if again and (work / "mutants").exists():
+        names = [n for n, status in results(work).items() if status not in KILLED]
+        for part in ("tests", "mutants/tests"):
+            shutil.rmtree(work / part)
+            shutil.copytree(ROOT / "tests", work / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else:
+        work = sandbox(target)
+    tic = time.perf_counter()
+    if names or not again:
+        with open(work / "mutmut.log", "a" if again else "w") as log:
+            mutmut(work, "run", "--max-children", str(jobs), *names, log=log)
+    seconds = time.perf_counter() - tic
+    statuses = results(work)
+    counts = {"mutants": len(statuses), "killed": 0, "equivalent": 0, "survived": 0, "no tests": 0, "stale": 0}
+    survivors = []
+    for name, status in sorted(statuses.items()):
+        if status in KILLED:
+            counts["killed"] += 1
+            continue
+        diff = mutmut(work, "show", name)
+        line = mutated_line(diff)
+        entry = equivalent.get(name)
+        if entry and entry.get("line", "").strip() == line:
+            counts["equivalent"] += 1
+            continue
+        if entry:
+            counts["stale"] += 1
+        counts["no tests" if status == "no tests" else "survived"] += 1
+        survivors.append(f"### {name} ({status}{', stale equivalence entry' if entry else ''})\n\n"
+                         f"```diff\n{diff.strip()}\n```\n")
+    (work / "survivors.md").write_text(f"# {target.name}: {len(survivors)} surviving mutants\n\n"
+                                       + "\n".join(survivors))
+    live = counts["mutants"] - counts["equivalent"]
+    counts["score"] = counts["killed"] / live if live else 1.0
+    counts["minutes"] = seconds / 60
+    return counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("modules", nargs="*", help=f"some of: {', '.join(t.name for t in TARGETS)} (default: all)")
+    ap.add_argument("--jobs", type=int, default=2, help="mutants run at a time (default 2)")
+    ap.add_argument("--again", action="store_true",
+                    help="rerun only the mutants the last run of each module did not kill, with the current tests")
+    ap.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = ap.parse_args()
+    by_name = {t.name: t for t in TARGETS}
+    unknown = [m for m in args.modules if m not in by_name]
+    if unknown:
+        ap.error(f"unknown module(s) {unknown}; choose from {sorted(by_name)}")
+    targets = [by_name[m] for m in args.modules] if args.modules else TARGETS
+    equivalent = load_equivalent()
+    table = ["| module | files | mutants | killed | equivalent | survived | no test reaches | score | minutes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for target in targets:
+        c = run_target(target, args.jobs, equivalent, args.again)
+        table.append(f"| {target.name} | {', '.join(target.mutate)} | {c['mutants']} | {c['killed']} | "
+                     f"{c['equivalent']} | {c['survived']} | {c['no tests']} | {100 * c['score']:.1f}% | "
+                     f"{c['minutes']:.1f} |")
+        print(table[-1] + (f"  ({c['stale']} stale equivalence entries)" if c["stale"] else ""), flush=True)
+    notes = ("Score: (killed + timed out) / (mutants - equivalent); a mutant no selected test reaches counts as "
+             "surviving. Equivalent mutants, each with its reason: benchmarks/mutation_equivalent.yaml. "
+             "Survivors with their diffs: build/mutation/<module>/survivors.md. Test selection per module: "
+             "TARGETS in benchmarks/mutation.py.")
+    report("Mutation testing: the mathematical core, mutmut", table, notes, args.record)
+
+
+if __name__ == "__main__":
+    main()
