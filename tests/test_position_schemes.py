@@ -7,6 +7,7 @@ index 0 .. L-1), translation invariance (relative schemes), an uninterrupted run
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -338,15 +339,57 @@ def test_training_with_random_positions_resumes_exactly(tmp_path):
     assert not all(torch.equal(whole[k], off[k]) for k in whole)  # the draws changed the updates
 
 
-def test_the_length_recipe_trains_with_random_positions_and_reads_longer_inputs(tmp_path):
+def paper_sinusoids(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """Vaswani et al. 2017, section 3.5, written out: PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(same).
+    positions (N,) -> (N, D) float64."""
+    pe = torch.zeros(len(positions), d_model, dtype=torch.float64)
+    for row, p in enumerate(positions.tolist()):
+        for i in range(d_model // 2):
+            angle = p / 10000.0 ** (2 * i / d_model)
+            pe[row, 2 * i], pe[row, 2 * i + 1] = math.sin(angle), math.cos(angle)
+    return pe
+
+
+def test_the_length_recipe_trains_with_random_positions_and_reads_longer_inputs(tmp_path, monkeypatch):
     """copy_lengths (the study's best setting) trains on lengths <= 20 with positions drawn from 0..255, and its
-    model decodes a 60-token input, three times longer than any it trained on, into letters."""
+    model decodes a 60-token input, three times longer than any it trained on, into letters. Oracles: the paper's
+    sinusoids written out, for the position vectors training draws (some past 40) and for what the encoder reads
+    of the 60-token input (all 60 tokens and </s>, at positions 0 .. 60: nothing cut, nothing clamped)."""
+    import tformer.model.embeddings as embeddings
     from tformer.api import load, train
 
     cfg = Config.from_yaml("copy_lengths", ["train.max_steps=3", "train.eval_every=3", "data.train_size=500",
                                             "data.valid_size=20", "data.test_size=20", "train.threads=1"])
     assert (cfg.train.random_positions, cfg.train.random_draw, cfg.data.max_len) == (256, "sorted", 20)
     assert cfg.model.positions == "sinusoidal" and cfg.train.random_positions >= 10 * cfg.data.max_len
+    D = cfg.model.d_model
+    seen = []  # (positions (N,), vectors (N, D)) of the training batches' embeddings
+    vectors = embeddings.position_vectors
+
+    def recorded(module, positions):
+        out = vectors(module, positions)
+        if torch.is_grad_enabled() and isinstance(positions, torch.Tensor):  # a training batch's drawn positions
+            seen.append((positions.detach().reshape(-1).clone(), out.detach().reshape(-1, D).clone()))
+        return out
+
+    monkeypatch.setattr(embeddings, "position_vectors", recorded)
     train(cfg, tmp_path / "run")
-    [out] = load(tmp_path / "run", which="latest", device="cpu").translate([" ".join("abcdefghij" * 6)])
+    monkeypatch.setattr(embeddings, "position_vectors", vectors)
+    drawn = [int(p.max()) for p, _ in seen]  # the last position of each batch
+    assert drawn and max(drawn) > 2 * cfg.data.max_len, drawn  # drawn well past the training lengths
+    for p, got in seen:
+        torch.testing.assert_close(got.double(), paper_sinusoids(p, D), rtol=0, atol=1e-5)
+
+    t = load(tmp_path / "run", which="latest", device="cpu")
+    letters = list("abcdefghij" * 6)
+    read = []  # (ids, embeddings) of every source the encoder reads
+    handle = t.model.src_embed.register_forward_hook(lambda m, args, out: read.append((args[0], out.x)))
+    [out] = t.translate([" ".join(letters)])
+    handle.remove()
     assert set(out.text.split()) <= set("abcdefghijklmnopqrstuvwxyz")
+    [(ids, x)] = read  # (1, S), (1, S, D): one encoder call
+    vocab = t.source_tokenizer.vocab
+    assert ids[0].tolist() == [vocab.stoi[c] for c in letters] + [vocab.eos]  # the whole input, then </s>
+    tokens = t.model.src_embed.tokens.weight.detach()[ids[0]].double()  # (S, D)
+    want = tokens * math.sqrt(D) + paper_sinusoids(torch.arange(len(letters) + 1), D)  # (S, D)
+    torch.testing.assert_close(x[0].double(), want, rtol=0, atol=1e-4)  # positions 21 .. 60 as the formula says
