@@ -7,11 +7,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+DATA = Path(os.environ.get("TFORMER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "multi30k"
 TAGS = (">>deu<<", ">>fra<<")
 
 
