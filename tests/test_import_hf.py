@@ -46,6 +46,14 @@ def hf_pair(folder):
     return MarianMTModel.from_pretrained(folder).eval(), MarianTokenizer.from_pretrained(folder)
 
 
+def assert_same_tensors(a, b):
+    """Two state dicts: the same names, and under each name the same tensor (not merely the same values in
+    order: a renamed, missing or extra tensor fails)."""
+    assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))[:5]
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
 def original(translator, ids, side="target"):
     """tformer ids -> the folder's own ids."""
     tok = translator.source_tokenizer if side == "source" else translator.target_tokenizer
@@ -171,8 +179,7 @@ def test_import_writes_a_run_folder_that_decodes_identically(folders, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     direct, imported = tformer.load(src, device="cpu"), tformer.load(out, device="cpu")
-    for a, b in zip(direct.model.state_dict().values(), imported.model.state_dict().values()):
-        assert torch.equal(a, b)
+    assert_same_tensors(direct.model.state_dict(), imported.model.state_dict())
     assert [x.text for x in direct.translate(SOURCES, beam=3)] == [x.text for x in imported.translate(SOURCES, beam=3)]
     info = json.loads((imported.path / "trainer.json").read_text())
     assert info["imported_from"] == {"format": "hf-marian", "path": str(src.resolve())}
@@ -189,7 +196,7 @@ def test_safetensors_and_pytorch_bin_load_the_same_model(folders, tmp_path):
     torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
     a, b = tformer.load(folders["gelu-untied"], device="cpu"), tformer.load(folder, device="cpu")
-    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+    assert_same_tensors(a.model.state_dict(), b.model.state_dict())
 
 
 class Foreign:
@@ -338,9 +345,7 @@ def test_a_tformer_model_exported_to_hugging_face_decodes_the_same_and_comes_bac
         assert ours[0] == [x for x in (row[: row.index(2)] if 2 in row else row) if x != 0][:20]
     assert [t.decode(o[0]) for o in got.tokens] == [tok.decode(o[0], skip_special_tokens=True) for o in got.tokens]
     back = tformer.load(out, device="cpu")  # and read back: the same network, the same tokenizers' ids
-    assert t.model.state_dict().keys() == back.model.state_dict().keys()
-    for (k, a), b in zip(t.model.state_dict().items(), back.model.state_dict().values()):
-        assert torch.equal(a, b), k
+    assert_same_tensors(t.model.state_dict(), back.model.state_dict())
     assert back.config.model.sinusoid == "interleaved"  # tformer's own table travelled in the file
     assert same_architecture(back.config.model, t.config.model)  # tables shared or not, output tied or not
     assert back.config.decode.len_penalty_rule == "power"  # Hugging Face's only rule: the folder's default now
@@ -361,6 +366,45 @@ def test_an_imported_model_serves_and_ensembles(folders, tmp_path):
     other = make_folder(tmp_path / "other", seed=9)  # the same tokenizers, other weights
     pair = tformer.load([folders["opus-mt"], other], device="cpu")
     assert len(pair.translate(SOURCES[:2])) == 2
+    # the ensemble greedy-decodes over the mean of its members' log-probabilities, renormalised (model/ensemble.py),
+    # as a reference does from Hugging Face's MarianMTModel forward passes (full, no cache)
+    hf_other, tok = hf_pair(other)
+    members = [hf_pair(folders["opus-mt"])[0], hf_other]
+    N = 12
+    got = translate_ids(pair.model, [pair.encode(s) for s in SOURCES],
+                        DecodeConfig(strategy="greedy", max_len_a=0.0, max_len_b=N))
+    differs = [False, False]  # whether member i alone would leave the pair's path somewhere
+    for s, ours, score in zip(SOURCES, got.tokens, got.scores):
+        want, want_score, own = hf_mean_greedy(members, tok, s, N)
+        assert original(pair, ours[0]) == want, s
+        assert abs(score[0] - want_score) <= 1e-5 * max(1.0, abs(want_score)), (s, score[0], want_score)
+        path = want + [tok.eos_token_id]  # the pair's choices, step by step
+        differs = [d or any(o != c for o, c in zip(choices, path)) for d, choices in zip(differs, own)]
+    assert differs == [True, True]  # neither member alone decodes as the pair: both count
+
+
+@torch.no_grad()
+def hf_mean_greedy(models, tok, source, limit):
+    """Greedy decoding of MarianMTModels as one (full forward passes, no cache): at each step the mean of their
+    log-softmaxed logits, renormalised, <pad> (the start token) never chosen; at most `limit` tokens, </s>
+    included. -> (ids without </s>, the summed log-probability of the chosen tokens, and per model the token
+    it alone would have chosen at each step)."""
+    src = tok(source, return_tensors="pt")
+    cfg = models[0].config
+    out, score, own = [], 0.0, [[] for _ in models]
+    for _ in range(limit):
+        dec = torch.tensor([[cfg.decoder_start_token_id] + out])
+        logp = torch.stack([m(**src, decoder_input_ids=dec).logits[0, -1].log_softmax(-1) for m in models])  # (M, V)
+        mean = logp.mean(0).log_softmax(-1)  # (V,): normalised over every entry, <pad> included
+        logp[:, cfg.pad_token_id] = mean[cfg.pad_token_id] = float("-inf")
+        for choices, row in zip(own, logp):
+            choices.append(int(row.argmax()))
+        best = int(mean.argmax())
+        score += float(mean[best])
+        if best == cfg.eos_token_id:
+            break
+        out.append(best)
+    return out, score, own
 
 
 def test_the_guides_python_runs(tmp_path, monkeypatch, capsys):
