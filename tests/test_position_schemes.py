@@ -107,14 +107,29 @@ def test_rotary_is_a_complex_rotation_per_pair():
 
 
 def test_rotary_in_halves_is_hugging_face_llamas():
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    """The angles and the rotation both come from Hugging Face: LlamaRotaryEmbedding with the config's rope_theta
+    (theta_i = rope_theta^(-2i/Dh)) and apply_rotary_pos_emb, for several bases; tformer's side is what a model
+    built with that model.rotary_base rotates its queries and keys by."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     torch.manual_seed(4)
-    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 4, 6, 16)
-    cos, sin = rotary_angles(torch.arange(6), 16, base=500.0)
-    want_q, want_k = apply_rotary_pos_emb(q, k, torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None])
-    torch.testing.assert_close(rotate(q, cos, sin, "halves"), want_q)
-    torch.testing.assert_close(rotate(k, cos, sin, "halves"), want_k)
+    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 4, 6, 16)  # (B, H, L, Dh)
+    positions = torch.tensor([0, 1, 2, 5, 13, 37])
+    rotated = {}
+    for base in (500.0, 10000.0, 1e6):
+        hf = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, rope_theta=base))
+        cos, sin = hf(q, positions[None].expand(2, -1))  # (B, L, Dh) each
+        want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+        model = build_model(_cfg("rotary", d_model=64, rotary_layout="halves", rotary_base=base), 11)
+        rot = model._rotary("encoder", positions, torch.device("cpu"))  # what its self-attention applies
+        torch.testing.assert_close(rot(q), want_q, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rot(k), want_k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rotate(q, *rotary_angles(positions, 16, base=base), "halves"), want_q,
+                                   rtol=1e-5, atol=1e-5)
+        rotated[base] = want_q
+    assert not torch.allclose(rotated[500.0], rotated[10000.0], atol=1e-2)  # the base matters at these positions
+    assert not torch.allclose(rotated[1e6], rotated[10000.0], atol=1e-2)
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "halves"])
