@@ -91,3 +91,15 @@ def test_from_config_takes_each_setting_and_none_when_nothing_is_masked():
     assert SpecAugment.from_config(TrainConfig(freq_masks=1)) == SpecAugment(1, 27, 0, 40, 0.2)
     assert SpecAugment.from_config(TrainConfig(time_masks=1)) == SpecAugment(0, 27, 1, 40, 0.2)
     assert SpecAugment.from_config(TrainConfig()) is None
+
+
+def test_masks_are_drawn_on_the_cpu_and_applied_on_the_frames_device():
+    aug = SpecAugment(freq_masks=2, freq_mask_width=3, time_masks=2, time_mask_width=3, time_mask_ratio=1.0)
+    counts = torch.tensor([9, 4])
+    want = aug.masks(counts, 9, 6, 4, 1)
+    with torch.device("meta"):  # a default device elsewhere (a GPU user's) changes nothing
+        assert torch.equal(aug.masks(counts, 9, 6, 4, 1), want)
+    frames, fill = torch.empty(2, 9, 6, device="meta"), torch.zeros(6)  # frames on another device than the masks
+    out = aug(frames, counts, 4, 1, fill=fill)
+    assert out.device.type == "meta" and out.shape == frames.shape
+    assert aug(torch.ones(2, 9, 6, dtype=torch.float64), counts, 4, 1, fill=fill).dtype == torch.float64

@@ -35,20 +35,22 @@ class SpecAugment(NamedTuple):
     def masks(self, counts: Tensor, n_frames: int, n_values: int, *key: int) -> Tensor:
         """(B, S, F) bool, True where a value is masked, for utterances of `counts` (B,) real frames."""
         g = torch.Generator().manual_seed(zlib.crc32(repr(("specaugment", *key)).encode()))
+        cpu = torch.device("cpu")  # drawn on the CPU, where the generator is, whatever the default device
         B = counts.shape[0]
         counts = counts.cpu()
-        time = torch.arange(n_frames)
-        freq = torch.arange(n_values)
-        out = torch.zeros(B, n_frames, n_values, dtype=torch.bool)
+        time = torch.arange(n_frames, device=cpu)
+        freq = torch.arange(n_values, device=cpu)
+        out = torch.zeros(B, n_frames, n_values, dtype=torch.bool, device=cpu)
         for _ in range(self.freq_masks):
-            width = torch.randint(self.freq_mask_width + 1, (B,), generator=g)  # (B,)
-            start = (torch.rand(B, generator=g) * (n_values - width + 1)).floor().long()
+            width = torch.randint(self.freq_mask_width + 1, (B,), generator=g, device=cpu)  # (B,)
+            start = (torch.rand(B, generator=g, device=cpu) * (n_values - width + 1)).floor().long()
             band = (freq[None] >= start[:, None]) & (freq[None] < (start + width)[:, None])  # (B, F)
             out |= band[:, None, :]
         for _ in range(self.time_masks):
-            most = torch.minimum(torch.full((B,), self.time_mask_width), (self.time_mask_ratio * counts).floor().long())
-            width = (torch.rand(B, generator=g) * (most + 1)).floor().long()
-            start = (torch.rand(B, generator=g) * (counts - width + 1)).floor().long()
+            widest = torch.full((B,), self.time_mask_width, device=cpu)
+            most = torch.minimum(widest, (self.time_mask_ratio * counts).floor().long())
+            width = (torch.rand(B, generator=g, device=cpu) * (most + 1)).floor().long()
+            start = (torch.rand(B, generator=g, device=cpu) * (counts - width + 1)).floor().long()
             span = (time[None] >= start[:, None]) & (time[None] < (start + width)[:, None])  # (B, S)
             out |= span[:, :, None]
         real = time[None] < counts[:, None]  # (B, S)
