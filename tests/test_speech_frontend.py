@@ -321,6 +321,15 @@ def test_training_with_spec_augment_resumes_exactly_and_evaluation_never_masks(t
     t = load(tmp_path / "whole", which="latest", device="cpu")
     first, second = t.evaluate("valid"), t.evaluate("valid")  # no masks at evaluation: the same twice
     assert first.outputs == second.outputs and first.metrics["cer"] == second.metrics["cer"]
+    # ... and the same as the unmasked frames give where masking cannot happen (seeded masks would also repeat):
+    # forced decoding of the references (Translator.score, which never sees train.*) gives evaluation's nll,
+    # decoding the frames gives its outputs
+    data = t.load_split("valid")
+    frames = [src for src, _ in data.examples["valid"]]
+    scores = t.score(frames, first.references)
+    nll = -sum(s.log_prob for s in scores) / sum(len(s.tokens) for s in scores)
+    assert first.metrics["nll"] == pytest.approx(nll, rel=1e-5)
+    assert first.outputs == [x.text for x in t.translate(frames)]
 
 
 def test_audio_reaches_the_translator_and_transcribe_as_files_waveforms_and_frames(tmp_path, capsys):
@@ -335,6 +344,13 @@ def test_audio_reaches_the_translator_and_transcribe_as_files_waveforms_and_fram
     feats = fbank(samples, FbankOptions(num_mel_bins=F))
     by_path, by_wave, by_frames = (t.translate([x])[0].text for x in (str(wav), samples, feats))
     assert by_path == by_wave == by_frames
+    # a model this young may say the same for any input: the forced-decoding scores show that the three forms
+    # reach the model as the same frames, and that the scores do hear a change of scale (another recording)
+    targets = ["b b", "a a", by_path]
+    scores = [[s.token_log_probs for s in t.score([x] * len(targets), targets)]
+              for x in (str(wav), samples, feats, 0.5 * samples)]
+    assert scores[0] == scores[1] == scores[2]
+    assert all(a != b for a, b in zip(scores[3], scores[0]))
     assert main(["transcribe", "--checkpoint", str(tmp_path / "run"), str(wav), str(corpus / "test0.flac")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"test1\t{by_path}" and lines[1].startswith("test0\t")
