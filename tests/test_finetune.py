@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -43,6 +42,22 @@ def _args(setup, run, *more):
             "train.max_hours=0", "train.keep_last=5", "data.workers=1", *more]
 
 
+# The command line in a child that kills itself with SIGKILL as its update number TFORMER_TEST_KILL_AT_UPDATE begins.
+KILL_AT_UPDATE = r"""
+import os, signal, sys
+from tformer.training import loop
+real, n = loop._update, [0]
+def update(*a, **k):
+    n[0] += 1
+    if n[0] == int(os.environ["TFORMER_TEST_KILL_AT_UPDATE"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*a, **k)
+loop._update = update
+from tformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_fine_tuning_starts_from_the_imported_model_and_resumes_exactly(setup, tmp_path):
     opus, corpus = setup
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -63,15 +78,14 @@ def test_fine_tuning_starts_from_the_imported_model_and_resumes_exactly(setup, t
     metrics = [line for line in (whole / "metrics.jsonl").read_text().splitlines() if '"valid"' in line]
     assert metrics and "bleu" in metrics[-1]
 
-    # killed (kill -9) after its second checkpoint, then resumed: the same weights as the uninterrupted run
+    # killed (kill -9) mid-run, two updates past its second checkpoint, then resumed: the same weights as the
+    # uninterrupted run. The run kills itself as update 11 begins, so no machine is fast enough to finish first.
     cut = tmp_path / "cut"
-    p = subprocess.Popen(_args(setup, cut), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 300
-    while not (cut / "checkpoints" / "step_0000008" / "trainer.json").exists():
-        assert p.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.05)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    killer = [sys.executable, "-c", KILL_AT_UPDATE, *_args(setup, cut)[3:]]
+    p = subprocess.run(killer, capture_output=True, text=True, env={**env, "TFORMER_TEST_KILL_AT_UPDATE": "11"})
+    assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]  # killed, not finished
+    assert load_checkpoint(cut, "latest").state().step == 8  # updates 9 and 10 died with it
+    assert not (cut / "checkpoints" / "step_0000012").exists()
     resumed = subprocess.run(_args(setup, cut, "--resume"), capture_output=True, text=True, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = load_checkpoint(whole, "latest").weights("raw"), load_checkpoint(cut, "latest").weights("raw")
