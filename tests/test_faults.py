@@ -234,14 +234,24 @@ def test_kill_9_and_ctrl_c_at_random_moments_then_resume(tmp_path, reference):
 # ------------------------------------------------------------------------------------------ disks
 
 
+# Each disk fault runs twice: on a real small (or read-only) tmpfs where the tests may mount one (root with
+# CAP_SYS_ADMIN), and, everywhere, the same fault made without mounting: a file-size limit (RLIMIT_FSIZE: a write
+# past it fails with EFBIG, as one on a full disk fails with ENOSPC), a folder without write permission (root
+# loses CAP_DAC_OVERRIDE for the test's thread meanwhile), a filesystem that reports 1 MiB free.
+
+
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str, read_only: bool = False):
-    """A real small (or read-only) filesystem; skips where mounting is not allowed (not root)."""
+    """A real small (or read-only) filesystem; skips where mounting is not allowed (not root, or a container
+    without CAP_SYS_ADMIN): the variants without a mount run there."""
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     opts = f"size={size}" + (",ro" if read_only else "")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True)
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command here")
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -250,23 +260,79 @@ def tmpfs(path: Path, size: str, read_only: bool = False):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@contextlib.contextmanager
+def unwritable(path: Path):
+    """A folder this process may not write into: mode 0555, and for root (whom permission bits do not stop)
+    this thread's effective capabilities without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH until the end (Linux
+    capabilities are per thread; capset on the calling thread needs no privilege to drop and raise again)."""
+    import ctypes
+
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o555)
+    try:
+        if os.geteuid() != 0:
+            yield path
+            return
+
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                        ("inheritable", ctypes.c_uint32)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3, this thread
+        if libc.capget(ctypes.byref(header), data):
+            pytest.skip(f"capget: {os.strerror(ctypes.get_errno())}")
+        saved = data[0].effective
+        data[0].effective &= ~((1 << 1) | (1 << 2))  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.capset(ctypes.byref(header), data):
+            pytest.skip(f"capset: {os.strerror(ctypes.get_errno())}")
+        try:
+            yield path
+        finally:
+            data[0].effective = saved
+            assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        path.chmod(0o755)
+
+
 def _small(**train_kw):
     cfg = tiny_config()
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train_kw))
 
 
-def test_a_full_disk_is_detected_before_training(tmp_path):
-    with tmpfs(tmp_path / "disk", "1m") as disk:
+@pytest.mark.parametrize("disk", ["tmpfs", "reported"])
+def test_a_full_disk_is_detected_before_training(tmp_path, monkeypatch, disk):
+    """On a real 1 MiB tmpfs (where the tests may mount), and everywhere on a folder whose filesystem reports
+    1 MiB free."""
+    import shutil
+
+    if disk == "tmpfs":
+        context = tmpfs(tmp_path / "disk", "1m")
+    else:
+        (tmp_path / "disk").mkdir()
+        usage = shutil.disk_usage(tmp_path)
+        monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=2**20))
+        context = contextlib.nullcontext(tmp_path / "disk")
+    with context as disk:
         with pytest.raises(CheckpointError, match=r"disk has 1\.0 MiB free, but this run needs about .* keeps up "
                                                   r"to 5 checkpoints .*lower train\.keep_last"):
             train(_small(), disk / "run")
         assert list(disk.iterdir()) == []  # nothing written
 
 
-def test_a_read_only_folder_is_detected_before_training(tmp_path):
-    with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
-        with pytest.raises(CheckpointError, match=r"cannot write into .*ro \(Read-only file system\).*--run-dir"):
+@pytest.mark.parametrize("folder", ["read-only tmpfs", "no write permission"])
+def test_a_read_only_folder_is_detected_before_training(tmp_path, folder):
+    if folder == "read-only tmpfs":
+        context, why = tmpfs(tmp_path / "ro", "1m", read_only=True), "Read-only file system"
+    else:
+        context, why = unwritable(tmp_path / "ro"), "Permission denied"
+    with context as ro:
+        with pytest.raises(CheckpointError, match=rf"cannot write into .*ro \({why}\).*--run-dir"):
             train(_small(), ro / "run")
+        assert list(ro.iterdir()) == []  # nothing written
 
 
 def test_a_run_folder_under_a_file_is_refused(tmp_path):
@@ -287,17 +353,34 @@ def test_room_check_counts_every_kept_checkpoint(tmp_path, monkeypatch):
     check_room(tmp_path / "run", n, keep_last=3)  # exactly enough
 
 
+def _hashes(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _first_checkpoint_kept(run: Path, hashes: dict[str, str]) -> None:
+    """After a write failed past step 3's checkpoint: that checkpoint byte for byte as it was written, `latest`
+    naming it, and nothing else in the folder (no temporary folder, no half-written step)."""
+    root = run / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000003"]
+    assert (root / "latest").read_text().strip() == "step_0000003"
+    assert _hashes(root / "step_0000003") == hashes
+    assert load_checkpoint(run, "latest").trainer["step"] == 3
+
+
 def test_the_disk_filling_up_mid_run_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     """A real ENOSPC after the first checkpoint: a clear error, the first checkpoint intact and `latest` still
     naming it, no temporary folder left; after space is freed, resume finishes the run."""
     with tmpfs(tmp_path / "disk", "24m") as disk:
         real = loop.save_checkpoint
-        calls = []
+        calls, hashes = [], {}
 
         def then_fill(*a, **k):
             path = real(*a, **k)
             calls.append(path)
             if len(calls) == 1:  # fill the disk right after the first checkpoint
+                hashes.update(_hashes(path))
                 with open(disk / "filler", "wb", buffering=0) as f:
                     for chunk in (1 << 20, 4096, 1):  # to the last byte
                         with contextlib.suppress(OSError):
@@ -309,13 +392,55 @@ def test_the_disk_filling_up_mid_run_keeps_the_last_checkpoint(tmp_path, monkeyp
         cfg = _small(epochs=2, save_every=3, log_every=1)
         with pytest.raises(ValueError, match=r"could not write .*No space left on device.*intact.*--resume"):
             train(cfg, disk / "run")  # the checkpoint, or a metrics line before it, whichever needs space first
-        root = disk / "run" / "checkpoints"
-        assert (root / "latest").read_text().strip() == "step_0000003"
-        assert not [p for p in root.iterdir() if p.name.startswith(".tmp")]
-        assert load_checkpoint(disk / "run", "latest").trainer["step"] == 3
+        _first_checkpoint_kept(disk / "run", hashes)
         (disk / "filler").unlink()
         monkeypatch.setattr(loop, "save_checkpoint", real)
         assert train(cfg, disk / "run", resume=True).step > 3
+
+
+# The command line in a child that, once its first checkpoint is written, records the SHA-256 of its files in
+# $TFORMER_TEST_HASHES and from then on may write no file past half that checkpoint's model.safetensors
+# (RLIMIT_FSIZE): the next checkpoint's first file fails half-way, as on a disk that filled up meanwhile.
+FILL_AFTER_FIRST_CHECKPOINT = r"""
+import hashlib, json, os, resource, signal, sys
+from tformer.training import loop
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
+real, calls = loop.save_checkpoint, []
+def save_checkpoint(*a, **k):
+    path = real(*a, **k)
+    calls.append(path)
+    if len(calls) == 1:
+        with open(os.environ["TFORMER_TEST_HASHES"], "w") as f:
+            json.dump({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}, f)
+        limit = (path / "model.safetensors").stat().st_size // 2
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    return path
+loop.save_checkpoint = save_checkpoint
+from tformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_write_failing_mid_checkpoint_keeps_the_last_checkpoint(tmp_path):
+    """Without a mount, anywhere: the step 6 checkpoint's weights file fails half-way (EFBIG from a file-size
+    limit set after step 3's checkpoint). One line names the checkpoint, the reason and --resume; step 3's
+    checkpoint is byte for byte as written and `latest` names it; nothing half-written stays; resumed without
+    the limit, the run completes."""
+    from tformer.cli import main
+
+    run = tmp_path / "run"
+    args = ["train", "--run-dir", str(run), *RUN, "train.max_steps=9", "train.eval_every=0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TFORMER_TEST_HASHES": str(tmp_path / "hashes.json")}
+    r = subprocess.run([sys.executable, "-c", FILL_AFTER_FIRST_CHECKPOINT, *args], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    message = r.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"tformer train: error: could not write checkpoint \S+/step_0000006 \(.*File too large.*\); "
+                        r"the previous one, \S+/step_0000003, is intact: .*--resume", message), message
+    _first_checkpoint_kept(run, json.loads((tmp_path / "hashes.json").read_text()))
+    assert main([*args, "--resume"]) == 0
+    assert load_checkpoint(run, "latest").trainer["step"] == 9
 
 
 # ------------------------------------------------------------------------------------------ NaN / inf
