@@ -389,13 +389,13 @@ def test_the_disk_filling_up_mid_run_keeps_the_last_checkpoint(tmp_path, monkeyp
             return path
 
         monkeypatch.setattr(loop, "save_checkpoint", then_fill)
-        cfg = _small(epochs=2, save_every=3, log_every=1)
+        cfg = _small(epochs=2, max_steps=6, save_every=3, log_every=1)  # no epoch-end evaluation: seconds, not tens
         with pytest.raises(ValueError, match=r"could not write .*No space left on device.*intact.*--resume"):
             train(cfg, disk / "run")  # the checkpoint, or a metrics line before it, whichever needs space first
         _first_checkpoint_kept(disk / "run", hashes)
         (disk / "filler").unlink()
         monkeypatch.setattr(loop, "save_checkpoint", real)
-        assert train(cfg, disk / "run", resume=True).step > 3
+        assert train(cfg, disk / "run", resume=True).step == 6
 
 
 # The command line in a child that, once its first checkpoint is written, records the SHA-256 of its files in
@@ -429,7 +429,7 @@ def test_a_write_failing_mid_checkpoint_keeps_the_last_checkpoint(tmp_path):
     from tformer.cli import main
 
     run = tmp_path / "run"
-    args = ["train", "--run-dir", str(run), *RUN, "train.max_steps=9", "train.eval_every=0"]
+    args = ["train", "--run-dir", str(run), *RUN, "train.max_steps=9"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TFORMER_TEST_HASHES": str(tmp_path / "hashes.json")}
     r = subprocess.run([sys.executable, "-c", FILL_AFTER_FIRST_CHECKPOINT, *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
