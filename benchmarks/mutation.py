@@ -72,7 +72,8 @@ TARGETS = [
     Target("specaugment", ("tformer/data/specaugment.py",),
            ("tests/test_specaugment.py", "tests/test_speech_frontend.py")),
     Target("metrics", ("tformer/metrics.py",),
-           ("tests/test_bleu_lowercase.py", "tests/test_translation.py")),
+           ("tests/test_metrics.py", "tests/test_bleu_lowercase.py", "tests/test_translation.py",
+            "tests/test_wmt14.py")),
 ]
 KILLED = {"killed", "timeout"}
 
