@@ -87,15 +87,24 @@ HEAD = b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: applica
 # ------------------------------------------------------------------------------------------ slow clients
 
 
+# A deadline of DEADLINE seconds must cut a client off within CUT_OFF: never before it (the clocks below start
+# before the server's can), and at most 1.5 s late for scheduler noise on a busy 2-core machine, well under the
+# 5 s that a deadline 5 times too long would take (and 0 or 0.2 s, a deadline too short, is under the floor).
+DEADLINE = 1.0
+CUT_OFF = (DEADLINE, 2.5 * DEADLINE)
+
+
 def test_a_client_that_trickles_its_headers_gets_408_at_the_header_deadline(translator):
-    with live(translator, header_timeout=1.0) as (srv, url):
+    with live(translator, header_timeout=DEADLINE) as (srv, url):
         reply, seconds = _trickle(srv.port, HEAD + b"X-Slow: " + b"a" * 500, every=0.05, seconds=20)
         status, headers, body = _split(reply)
         assert status == 408 and headers["connection"] == "close" and headers["content-type"] == "application/json"
         assert "did not arrive within 1 s (--header-timeout)" in json.loads(body)["error"]
-        assert 1.0 <= seconds < 10  # the deadline counts from the connection, whatever the bytes sent
-        reply, _ = _trickle(srv.port, b"", every=0.05, seconds=20)  # connected, silent: the same
+        # the deadline counts from the connection, whatever the bytes sent
+        assert CUT_OFF[0] <= seconds <= CUT_OFF[1], f"cut off after {seconds:.2f} s, not within {CUT_OFF} s"
+        reply, seconds = _trickle(srv.port, b"", every=0.05, seconds=20)  # connected, silent: the same
         assert _split(reply)[0] == 408
+        assert CUT_OFF[0] <= seconds <= CUT_OFF[1], f"silent: cut off after {seconds:.2f} s, not within {CUT_OFF} s"
         status, out, _ = call(url, "/v1/translate", {"src": [LINES[0]]})  # the server goes on
         assert status == 200 and out["translations"][0]["text"] == translator.translate([LINES[0]])[0].text
 
@@ -119,16 +128,18 @@ def test_the_deadline_restarts_after_each_answer_on_a_keep_alive_connection(tran
 
 
 def test_a_client_that_trickles_its_body_gets_408_at_the_body_deadline(translator):
-    with live(translator, body_timeout=1.0) as (srv, url):
+    with live(translator, body_timeout=DEADLINE) as (srv, url):
         body = json.dumps({"src": [LINES[0]]}).encode()
         start = HEAD + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            tic = time.monotonic()  # before the server has the headers, so before its body deadline starts
             s.sendall(start + body[:5])  # the headers at once, then 5 bytes of the body
-            reply, seconds = _trickle_rest(s, body[5:], every=0.3, seconds=20)
+            reply, _ = _trickle_rest(s, body[5:], every=0.3, seconds=20)  # 35 bytes more: 10.5 s, were it let
+            seconds = time.monotonic() - tic
         status, headers, out = _split(reply)
         assert status == 408 and headers["connection"] == "close"
         assert "the request body did not arrive within 1 s (--body-timeout)" in json.loads(out)["error"]
-        assert seconds < 10
+        assert CUT_OFF[0] <= seconds <= CUT_OFF[1], f"cut off after {seconds:.2f} s, not within {CUT_OFF} s"
         assert srv.service.batcher.stats.jobs == 0  # nothing reached the model
         assert call(url, "/v1/translate", {"src": [LINES[0]]})[0] == 200
 
