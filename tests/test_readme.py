@@ -31,11 +31,17 @@ def test_the_readmes_python_runs(tmp_path, monkeypatch, capsys):
     namespace: dict = {"__name__": "readme"}
     exec(compile(blocks[0], "README.md", "exec"), namespace)
     out = capsys.readouterr().out.splitlines()
-    result = namespace["result"]
-    assert out[-1] == namespace["translator"].translate(["h e l l o"], beam=4)[0].text
-    # as the comment in the README says, once the recipe reached its target (a loaded machine may hit its
-    # 4-minute cap first)
-    assert out[-1] == "h e l l o" or (not result.reached_target and result.elapsed >= 240)
+    result, translator = namespace["result"], namespace["translator"]
+    # what the README promises: the recipe reaches its target (100% exact on validation) within its 4-minute
+    # cap, and the model then copies. Stopping at the cap without the target is a failure, however loaded
+    # the machine: the README says "4 at most".
+    assert result.reached_target, (
+        f"the copy recipe stopped after {result.elapsed:.0f} s at step {result.step} without reaching 100% exact "
+        f"on validation (best exact match {(result.best or {}).get('exact_match')}, loss "
+        f"{(result.best or {}).get('loss')}); the README promises it within its 4-minute cap")
+    assert out[-1] == "h e l l o"  # the README's comment: the copy task's answer is its input
+    assert out[-1] == translator.translate(["h e l l o"], beam=4)[0].text  # alone as in the batch of two
+    assert translator.translate(["w o r l d"], beam=4)[0].text == "w o r l d"
 
 
 def test_use_from_python_snippets_run(tmp_path, monkeypatch, capsys):
