@@ -105,20 +105,22 @@ def assert_follows_input_device(fn, *args, **kwargs):
     want = fn(*args, **kwargs)
     with torch.device("meta"):
         got = fn(*args, **kwargs)
-    flat_want, flat_got = _tensors(want), _tensors(got)
+    flat_want, flat_got = _leaves(want), _leaves(got)
     assert len(flat_got) == len(flat_want)
     for g, w in zip(flat_got, flat_want):
-        assert g.device == w.device and g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        if isinstance(w, torch.Tensor):
+            assert g.device == w.device and g.dtype == w.dtype
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        else:
+            assert g == w
     return want
 
 
-def _tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
+def _leaves(value) -> list:
+    """The tensors and plain values of nested tuples and lists."""
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
 
 
 @pytest.fixture(autouse=True)

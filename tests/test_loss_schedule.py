@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from tformer.config import TrainConfig
+from tformer.metrics import token_accuracy
 from tformer.training.loss import label_smoothed_nll_loss, smoothed_targets
 from tformer.training.schedule import inverse_sqrt, learning_rate, noam
 
@@ -81,6 +82,7 @@ def test_loss_passes_gradcheck():
     assert torch.autograd.gradcheck(lambda x: label_smoothed_nll_loss(x, target, 0.2, PAD).loss, (logits,))
 
 
+@pytest.mark.filterwarnings("error")  # e.g. an out= buffer of the wrong size, resized behind our back
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("bias", [True, False])
 def test_chunked_generator_loss_equals_the_explicit_formula_and_its_autograd(monkeypatch, eps, bias):
@@ -136,3 +138,72 @@ def test_inverse_sqrt_from_step_zero_and_without_warmup():
     for warmup in (0, 1):  # no warm-up: peak / sqrt(step) from the first update
         assert inverse_sqrt(4, 1.0, warmup) == pytest.approx(0.5)
         assert inverse_sqrt(1, 1.0, warmup) == pytest.approx(1.0)
+
+
+def test_chunked_generator_loss_counts_correct_predictions_in_every_chunk(monkeypatch):
+    import tformer.training.loss as loss_mod
+
+    monkeypatch.setattr(loss_mod, "CHUNK_ROWS", 4)
+    V = 9
+    gen = torch.nn.Linear(V, V, bias=False)
+    with torch.no_grad():
+        gen.weight.copy_(torch.eye(V))  # logits = hidden: row i predicts its own largest entry
+    target = torch.tensor([3, 0, 5, 8, 1, 2, 0, 4, 4, 7, 6])
+    predicted = torch.tensor([3, 3, 5, 1, 1, 2, 5, 4, 2, 7, 6])  # right at 3, 5, 1, 2, 4, 7, 6: in all 3 chunks
+    hidden = (torch.nn.functional.one_hot(predicted, V).float() * 5).requires_grad_()
+    got = loss_mod.generator_loss(hidden, gen, target, 0.1, PAD)
+    assert got.correct == 7 == token_accuracy(hidden.detach(), target, PAD)[0]
+
+
+@pytest.mark.parametrize("which", ["loss", "nll"])
+def test_each_output_alone_has_its_own_gradient(which):
+    """Only one of (loss, nll) reaches the objective: the other's upstream gradient is None."""
+    logits = torch.randn(7, 6, dtype=torch.double, requires_grad=True)
+    target = torch.tensor([3, 0, 5, 1, 2, 4, 4])
+    getattr(label_smoothed_nll_loss(logits, target, 0.2, PAD), which).backward()
+    got, logits.grad = logits.grad.clone(), None
+    lp = torch.log_softmax(logits, -1)
+    onehot = torch.nn.functional.one_hot(target, 6).double() * (target != PAD).double()[:, None]
+    q = smoothed_targets(target, 6, 0.2, PAD).double() if which == "loss" else onehot
+    (-(q * lp).sum()).backward()
+    torch.testing.assert_close(got, logits.grad)
+
+
+def test_bfloat16_logits_get_a_bfloat16_gradient_computed_in_float32():
+    logits = torch.randn(6, 11).bfloat16().requires_grad_()
+    target = torch.tensor([3, 0, 5, 10, 2, 4])
+    out = label_smoothed_nll_loss(logits, target, 0.1, PAD)
+    assert out.loss.dtype == torch.float32
+    out.loss.backward()
+    wide = logits.detach().float().requires_grad_()
+    label_smoothed_nll_loss(wide, target, 0.1, PAD).loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad, wide.grad.bfloat16())
+
+
+def test_losses_follow_their_inputs_device(monkeypatch):
+    import tformer.training.loss as loss_mod
+    from conftest import assert_follows_input_device
+
+    monkeypatch.setattr(loss_mod, "CHUNK_ROWS", 4)
+    gen = torch.nn.Linear(5, 9).double()
+    hidden, logits = torch.randn(11, 5, dtype=torch.double), torch.randn(11, 9, dtype=torch.double)
+    target = torch.tensor([3, 0, 5, 8, 1, 2, 0, 4, 4, 7, 6])
+
+    def train_step(x):
+        x = x.clone().requires_grad_()
+        out = loss_mod.generator_loss(x, gen, target, 0.1, PAD)
+        out.loss.backward()
+        gen.zero_grad()
+        return out.loss, out.nll, out.n_tokens, out.correct, x.grad
+
+    def smoothed(x):
+        x = x.clone().requires_grad_()
+        out = label_smoothed_nll_loss(x, target, 0.1, PAD)
+        (out.loss + out.nll).backward()
+        return *out, x.grad
+
+    assert_follows_input_device(train_step, hidden)
+    assert_follows_input_device(smoothed, logits)
+    with torch.no_grad():  # evaluation: the logits built whole
+        assert_follows_input_device(lambda: loss_mod.generator_loss(hidden, gen, target, 0.1, PAD)[:3])

@@ -58,11 +58,10 @@ class _SmoothedNLL(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor | None, grad_nll: Tensor | None):
+    def backward(ctx, g_loss: Tensor, g_nll: Tensor):
+        """g_loss, g_nll (N,) in lprobs' dtype, the outputs' (autograd passes zeros for an unused output)."""
         lprobs, target = ctx.saved_tensors
         eps, pad = ctx.eps, ctx.pad
-        g_loss = torch.zeros_like(lprobs[:, 0]) if grad_loss is None else grad_loss.to(lprobs.dtype)  # (N,)
-        g_nll = torch.zeros_like(lprobs[:, 0]) if grad_nll is None else grad_nll.to(lprobs.dtype)
         other = eps / (lprobs.shape[-1] - 2)  # q on a class that is neither the target nor <pad>
         # (g_loss + g_nll) * softmax - g_loss * other everywhere ...
         grad = torch.addcmul((-g_loss * other)[:, None], lprobs.exp(), (g_loss + g_nll)[:, None])  # (N, V)
