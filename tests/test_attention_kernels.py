@@ -521,6 +521,14 @@ def test_block_plans_group_query_blocks_by_need_within_a_factor_of_two():
     (g,) = plan.groups
     assert g.q_blocks is None and g.edge_ids is None and g.empty is None
     assert g.k_blocks.tolist() == [[0, 1, 2], [0, 1, 3]]  # slot 3 of block 1 pads with the all-zero block n_kb = 3
+    # one group of the first query block only: the second has no edge (its outputs 0)
+    plan = plan_blocks(_edges(16, 8, [(0, 0), (1, 1), (1, 5)]), 8)
+    assert len(plan.groups) == 1 and plan.groups[0].q_blocks.tolist() == [0] and plan.groups[0].edge_ids is None
+    q, k, v = _qkv(1, 16, 8, seed=6)
+    got = graph_attention(q, k, v, mask=_edges(16, 8, [(0, 0), (1, 1), (1, 5)]), method="blocks")[0]
+    torch.testing.assert_close(got, _dense_oracle(q, k, v, _edges(16, 8, [(0, 0), (1, 1), (1, 5)]))[0],
+                               rtol=1e-10, atol=1e-12)
+    assert torch.all(got[:, :, 2:] == 0)
     # the kernel on these plans is exact
     q, k, v = _qkv(1, 16, 24, seed=4)
     want, _ = _dense_oracle(q, k, v, _edges(16, 24, pairs))
@@ -573,6 +581,12 @@ def test_segment_plans_are_views_for_consecutive_sentences_and_indices_otherwise
     assert g.mask.tolist() == [[True, False, False], [True, False, False], [True, True, True]]  # row 1: placeholder
     assert g.empty.tolist() == [False, True, False]
     assert (padded.entries, padded.edges) == (18, 2 * 4)
+    # two shapes under the pattern: 2 x 2 (1 pair, row 1 empty) and two 3 x 3 (4 pairs each)
+    o, lengths = torch.tensor([0, 3, 5]), torch.tensor([3, 2, 3])
+    mixed = segment_plan(Graph(8, 8, segments=Segments(o, lengths, o, lengths, _lower_but_row_1)))
+    assert [(g.lq, g.lk) for g in mixed.groups] == [(2, 2), (3, 3)]
+    assert (mixed.entries, mixed.edges) == (4 + 2 * 9, 1 + 2 * 4)
+    assert mixed.order.tolist() == [3, 4, 0, 1, 2, 5, 6, 7]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -585,3 +599,7 @@ def test_sentences_without_keys_or_queries_get_zeros(method):
     got, _ = graph_attention(q, k, v, mask=graph, method=method)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert torch.all(got[2] == 0) and torch.all(got[0, :, 2] == 0)
+    # no sentence has a key: every output 0 (the segments method once failed on its empty list of shapes)
+    graph = bipartite_graph(lq, torch.zeros(4, dtype=torch.long), torch.arange(4) * 3, torch.arange(4) * 3, 12, 12)
+    got, _ = graph_attention(q, k, v, mask=graph, method=method)
+    assert got.shape == q.shape and torch.all(got == 0)

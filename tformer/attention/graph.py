@@ -257,6 +257,8 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, plan: SegmentPlan, dropou
     one shape in one batched call (a view, no copy, when they are consecutive, as in a packed batch). A
     positional bias is the same for every segment of a shape: one (1, H, lq, lk) slice, broadcast."""
     Nq, H, Dh = q.shape
+    if not plan.groups:  # no segment has both queries and keys: every query node is without edges
+        return q.new_zeros(Nq, H, Dh)
     outs = []
     for g in plan.groups:
         Q, K, V = _take(q, g.q_rows, g.lq), _take(k, g.k_rows, g.lk), _take(v, g.k_rows, g.lk)  # (n, H, l, Dh)
