@@ -162,9 +162,9 @@ def _heads(x, width):
 
 
 def _mha_by_formula(mha, x, memory=None, k_given=None, v_given=None, mask=None, rotate=None, rotate_keys=True,
-                    drop=None):
-    """out_proj(concat_h softmax(q_h k_g(h)^T * scale) v_g(h)) with q, k, v from the in-projection's rows;
-    `rotate` applied to the queries (and to the projected keys when rotate_keys); `drop` to the weights."""
+                    drop=None, bias=None):
+    """out_proj(concat_h softmax(q_h k_g(h)^T * scale + bias) v_g(h)) with q, k, v from the in-projection's
+    rows; `rotate` applied to the queries (and to the projected keys when rotate_keys); `drop` to the weights."""
     D, H, Dh, G = mha.d_model, mha.n_heads, mha.head_dim, mha.kv_heads
     W, b = mha.in_proj.weight, mha.in_proj.bias
     source = x if memory is None else memory
@@ -177,7 +177,7 @@ def _mha_by_formula(mha, x, memory=None, k_given=None, v_given=None, mask=None, 
     group = torch.arange(H) // (H // G)  # the key/value head of each query head
     k, v = k[:, group], v[:, group]  # (B, H, S, Dh)
     scale = 1 / math.sqrt(Dh) if mha.scale is None else mha.scale
-    scores = q @ k.transpose(-1, -2) * scale
+    scores = q @ k.transpose(-1, -2) * scale + (0 if bias is None else bias)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     w = torch.softmax(scores, -1)
@@ -203,6 +203,9 @@ def test_multi_head_attention_is_its_formula_with_scale_mask_weights_and_rotary(
     torch.testing.assert_close(got.out, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.weights, want_w, rtol=1e-5, atol=1e-6)
     assert mha(x).weights is None
+    bias = torch.randn(1, 4, 5, 5)  # (1, H, T, S), a positional bias
+    torch.testing.assert_close(mha(x, mask=mask, bias=bias).out, _mha_by_formula(mha, x, mask=mask, bias=bias)[0],
+                               rtol=1e-5, atol=1e-6)
     # rotary: self-attention turns queries and keys, and the keys come back turned (what a cache keeps)
     got = mha(x, rotary=_turn)
     torch.testing.assert_close(got.out, _mha_by_formula(mha, x, rotate=_turn)[0], rtol=1e-5, atol=1e-6)
@@ -419,7 +422,7 @@ def test_graph_kernel_errors_say_what_is_wrong():
                                          r"and 1 x 4 keys$"):
         graph_attention(q[:, :, :4], k, v, mask=graph)
     with pytest.raises(ValueError, match=r"^positional bias has 3 heads, the inputs 2$"):
-        graph_attention(q, k, v, mask=graph, bias=PositionBias(torch.zeros(3, 3, 2)))
+        graph_attention(q, k, v, mask=graph, bias=PositionBias(torch.zeros(3, 4, 5)))
     with pytest.raises(ValueError, match=r"^graph bias must be \(edges, heads\) = \(10, 2\), got \(10, 3\)$"):
         graph_attention(q, k, v, mask=graph, bias=torch.zeros(10, 3))
     message = r"^the segments method needs a graph built from segments, and no per-edge bias or weights$"
@@ -521,6 +524,11 @@ def test_block_plans_group_query_blocks_by_need_within_a_factor_of_two():
     (g,) = plan.groups
     assert g.q_blocks is None and g.edge_ids is None and g.empty is None
     assert g.k_blocks.tolist() == [[0, 1, 2], [0, 1, 3]]  # slot 3 of block 1 pads with the all-zero block n_kb = 3
+    # needs 8, 4 and 3: 8 alone; then 4 is the largest left, and 3 (more than half of 4) joins it
+    pairs = [(0, 8 * kb) for kb in range(8)] + [(8, 8 * kb) for kb in range(4)] + [(16, 8 * kb) for kb in range(3)]
+    plan = plan_blocks(_edges(24, 64, pairs), 8)
+    assert [(g.q_blocks.tolist(), tuple(g.k_blocks.shape)) for g in plan.groups] == [([1, 2], (2, 4)), ([0], (1, 8))]
+    assert plan.cost == 2 * 8 * 32 + 8 * 64
     # one group of the first query block only: the second has no edge (its outputs 0)
     plan = plan_blocks(_edges(16, 8, [(0, 0), (1, 1), (1, 5)]), 8)
     assert len(plan.groups) == 1 and plan.groups[0].q_blocks.tolist() == [0] and plan.groups[0].edge_ids is None
@@ -603,3 +611,59 @@ def test_sentences_without_keys_or_queries_get_zeros(method):
     graph = bipartite_graph(lq, torch.zeros(4, dtype=torch.long), torch.arange(4) * 3, torch.arange(4) * 3, 12, 12)
     got, _ = graph_attention(q, k, v, mask=graph, method=method)
     assert got.shape == q.shape and torch.all(got == 0)
+
+
+def test_auto_runs_segments_unless_values_per_edge_are_involved(monkeypatch):
+    """auto: the segments method for sentences, also with a positional bias (a block of it per shape); blocks
+    or edges when a per-edge bias or the weights are involved, or when the queries are not positions 0.. of
+    their sentences (a decoding step's restricted graph), where a positional bias is gathered per edge."""
+    import tformer.attention.graph as graph_module
+
+    ran = []
+    for name in ("segment_attention", "block_attention", "edge_attention"):
+        real = getattr(graph_module, name)
+        monkeypatch.setattr(graph_module, name, lambda *a, _real=real, _name=name, **kw: (ran.append(_name),
+                                                                                            _real(*a, **kw))[1])
+
+    def method(*args, **kwargs):
+        ran.clear()
+        out = graph_attention(*args, **kwargs)
+        assert len(ran) == 1
+        return ran[0].split("_")[0], out
+
+    lengths = torch.tensor([5, 3])
+    o = torch.tensor([0, 5])
+    table = torch.randn(2, 5, 5, dtype=torch.float64)
+    q, k, v = (x.transpose(1, 2).reshape(1, 10, 2, 4).transpose(1, 2) for x in _qkv(2, 5, 5, seed=7))  # (1, H, 10, Dh)
+    q, k, v = q[:, :, :8], k[:, :, :8], v[:, :, :8]  # packed: sentences of 5 and 3
+    sentences = lambda: Graph(8, 8, segments=Segments(o, lengths, o, lengths))  # noqa: E731
+    assert method(q, k, v, mask=sentences())[0] == "segment"
+    assert method(q, k, v, mask=sentences(), bias=PositionBias(table))[0] == "segment"
+    assert method(q, k, v, mask=sentences(), need_weights=True)[0] == "block"
+    assert method(q, k, v, mask=sentences(), bias=PositionBias(table), need_weights=True)[0] == "block"
+    assert method(q, k, v, mask=sentences(), bias=torch.zeros(34, 2, dtype=torch.float64))[0] == "block"
+    # the queries at positions 1 and 4 of the first sentence and 2 of the second, against their sentences
+    rows = torch.tensor([1, 4, 7])
+    step = sentences().restrict(rows)
+    assert not step.aligned
+    name, (got, _) = method(q[:, :, rows], k, v, mask=step, bias=PositionBias(table))
+    assert name in ("block", "edge")
+    position = torch.tensor([1, 4, 2])
+    mask = torch.tensor([[True] * 5 + [False] * 3] * 2 + [[False] * 5 + [True] * 3])  # (3, 8)
+    key_position = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])
+    bias = table[:, position][:, :, key_position]  # (H, 3, 8)
+    want, _ = _by_hand(q[:, :, rows], k, v, mask=mask[None, None], bias=bias[None], scale=0.5)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_graph_kernel_subtracts_the_maximum_score_large_scores_stay_finite(method):
+    """float32 scores near 200 (exp overflows past 88): the softmax is still exact."""
+    q, k, v = (x.float() for x in _qkv(2, 5, 5, seed=8))
+    lengths = torch.tensor([5, 3])
+    graph = bipartite_graph(lengths, lengths, torch.tensor([0, 5]), torch.tensor([0, 5]), 10, 10)
+    scale = 200 / float((q.double() @ k.double().transpose(-1, -2)).abs().max())
+    want, _ = _dense_oracle(q.double() * scale * 2, k.double(), v.double(), graph)
+    got, _ = graph_attention(q, k, v, mask=graph, method=method, scale=scale)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
