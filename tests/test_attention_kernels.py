@@ -525,8 +525,8 @@ def test_block_plans_group_query_blocks_by_need_within_a_factor_of_two():
     assert g.q_blocks is None and g.edge_ids is None and g.empty is None
     assert g.k_blocks.tolist() == [[0, 1, 2], [0, 1, 3]]  # slot 3 of block 1 pads with the all-zero block n_kb = 3
     # needs 8, 4 and 3: 8 alone; then 4 is the largest left, and 3 (more than half of 4) joins it
-    pairs = [(0, 8 * kb) for kb in range(8)] + [(8, 8 * kb) for kb in range(4)] + [(16, 8 * kb) for kb in range(3)]
-    plan = plan_blocks(_edges(24, 64, pairs), 8)
+    needs = [(0, 8 * kb) for kb in range(8)] + [(8, 8 * kb) for kb in range(4)] + [(16, 8 * kb) for kb in range(3)]
+    plan = plan_blocks(_edges(24, 64, needs), 8)
     assert [(g.q_blocks.tolist(), tuple(g.k_blocks.shape)) for g in plan.groups] == [([1, 2], (2, 4)), ([0], (1, 8))]
     assert plan.cost == 2 * 8 * 32 + 8 * 64
     # one group of the first query block only: the second has no edge (its outputs 0)
