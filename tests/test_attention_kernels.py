@@ -607,6 +607,12 @@ def test_sentences_without_keys_or_queries_get_zeros(method):
     got, _ = graph_attention(q, k, v, mask=graph, method=method)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert torch.all(got[2] == 0) and torch.all(got[0, :, 2] == 0)
+    # under a pattern, a sentence without keys is never handed to it
+    lower = lambda a, b: _pairs([(i, j) for i in range(a) for j in range(min(i + 1, b))])  # noqa: E731
+    patterned = Graph(12, 12, segments=Segments(torch.arange(4) * 3, lq, torch.arange(4) * 3, lk, lower))
+    got, _ = graph_attention(q, k, v, mask=patterned, method=method)
+    torch.testing.assert_close(got, _dense_oracle(q, k, v, patterned)[0], rtol=1e-10, atol=1e-12)
+    assert torch.all(got[2] == 0)
     # no sentence has a key: every output 0 (the segments method once failed on its empty list of shapes)
     graph = bipartite_graph(lq, torch.zeros(4, dtype=torch.long), torch.arange(4) * 3, torch.arange(4) * 3, 12, 12)
     got, _ = graph_attention(q, k, v, mask=graph, method=method)
