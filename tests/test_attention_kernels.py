@@ -9,6 +9,7 @@ Notation: B batch, H heads, T queries, S keys, Dh head dim, D model dim, E edges
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -304,7 +305,9 @@ def _counting(like: torch.Tensor) -> list[int]:
 
 def test_kv_buffer_allocates_only_when_it_grows_and_doubles_its_capacity():
     """A step writes in place and a reorder gathers into the second buffer: after the first reorder nothing is
-    allocated until the capacity (2, then 4, 8, ...) is full. Each allocation holds capacity x 2 x N x H x Dh."""
+    allocated until the capacity (2, then 4, 8, ...) is full. Each allocation holds capacity x 2 x N x H x Dh.
+    Nothing is resized behind its back (torch warns when an `out=` tensor has the wrong shape)."""
+    warnings.simplefilter("error")
     g = torch.Generator().manual_seed(0)
     N, H, Dh = 3, 2, 4
     like = torch.empty(0)
