@@ -241,6 +241,8 @@ def test_attention_dropout_in_training_only(kernel):
     want = _mha_by_formula(mha, x, drop=lambda w: dropout(w, 0.5))[0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(got, _mha_by_formula(mha, x)[0], atol=1e-3)
+    default = MultiHeadAttention(16, 4).train()  # no dropout unless asked for
+    torch.testing.assert_close(default(x).out, _mha_by_formula(default, x)[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kv_heads", [0, 1])
