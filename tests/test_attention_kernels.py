@@ -678,3 +678,31 @@ def test_graph_kernel_subtracts_the_maximum_score_large_scores_stay_finite(metho
     got, _ = graph_attention(q, k, v, mask=graph, method=method, scale=scale)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_three_executions_called_directly_default_to_scale_1_no_dropout_no_weights():
+    """edge_attention, block_attention and segment_attention on flattened nodes (N, H, Dh): scale 1 and no
+    dropout unless given; blocks returns weights only when asked."""
+    from tformer.attention.graph import block_attention, edge_attention, segment_attention
+
+    lengths = torch.tensor([3, 5])
+    graph = bipartite_graph(lengths, lengths)  # packed: 8 query and 8 key nodes
+    q, k, v = _qkv(1, 8, 8, seed=9)
+    want, want_w = _dense_oracle(q * 2, k, v, graph)  # the oracle's scale is 1/sqrt(4): 2 q makes it 1
+    nodes = lambda x: x[0].transpose(0, 1)  # noqa: E731  (1, H, N, Dh) -> (N, H, Dh)
+    want, want_w = nodes(want), want_w[:, graph.query, graph.key].t()
+    out, w = edge_attention(nodes(q), nodes(k), nodes(v), graph)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w, want_w, rtol=1e-10, atol=1e-12)
+    out, w = block_attention(nodes(q), nodes(k), nodes(v), graph, best_plan(graph))
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+    assert w is None
+    out = segment_attention(nodes(q), nodes(k), nodes(v), segment_plan(graph))
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-12)
+
+
+def test_an_empty_batch_gives_an_empty_output():
+    none = torch.zeros(0, dtype=torch.long)
+    q = torch.randn(1, 2, 0, 4)
+    out, _ = graph_attention(q, q, q, mask=bipartite_graph(none, none))
+    assert out.shape == (1, 2, 0, 4)
