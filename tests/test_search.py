@@ -20,14 +20,16 @@ PAD, BOS, EOS = Vocab.pad, Vocab.bos, Vocab.eos
 V = 7  # 4 specials + tokens 4, 5, 6
 
 
-def tables_step(tables):
+def tables_step(tables, shared=True):
     """Next-token probabilities from {history tuple: {token: p}}, one table per sentence (the sentence-level
     entry "sentence" names it; the histories ride as a hypothesis-level entry). Every tensor it makes is on
-    the device of `prev`, so that it can run under the device oracle."""
+    the device of `prev`, so that it can run under the device oracle. `shared`: a sentence's hypotheses share
+    its sentence-level row (greedy, beam); sampling gives every sample its own copy."""
 
     def step(prev, cache):
         hist = prev[:, None] if "hyp.hist" not in cache else torch.cat([cache["hyp.hist"], prev[:, None]], 1)
         which = cache["sentence"].tolist()
+        assert len(set(which)) == len(which) or not shared  # one row per sentence, never copied per hypothesis
         per = prev.shape[0] // len(which)  # rows per sentence
         assert per * len(which) == prev.shape[0]
         rows = []
@@ -110,7 +112,7 @@ def test_stopped_sentences_leave_and_the_others_decode_as_each_alone(strategy):
                                finish=strategy[5:], stop=stop)
     else:
         def run(cache, limit, ids, stop=None, prefix=None):
-            return sample(step, cache, BOS, EOS, limit, ids, n=3, seed=5, prefix=prefix, stop=stop)
+            return sample(tables_step(TABLES, shared=False), cache, BOS, EOS, limit, ids, n=3, seed=5, prefix=prefix, stop=stop)
     B = len(TABLES)
     stopper = Stopper(GONE, AT)
     tokens, scores = run(cache_of(list(range(B))), torch.full((B,), 6), list(range(B)), stopper)
@@ -174,7 +176,7 @@ def test_the_searches_put_every_tensor_on_their_inputs_device():
     for finish in ("all", "top_k"):
         assert_follows_input_device(lambda: beam_search(step, cache, BOS, EOS, limit, 3, 0.6, nbest=2,
                                                         finish=finish, **rules, stop=stop()))
-    assert_follows_input_device(lambda: sample(step, cache, BOS, EOS, limit, [3, 1, 4, 1, 5], n=2, top_k=2,
+    assert_follows_input_device(lambda: sample(tables_step(TABLES, shared=False), cache, BOS, EOS, limit, [3, 1, 4, 1, 5], n=2, top_k=2,
                                                top_p=0.9, temperature=0.7, **rules, stop=stop()))
 
 
@@ -291,8 +293,9 @@ def plain_paths(table, limit, alpha, rule, min_len=0, n=0, prefix=()):
     return sorted(paths, key=lambda h: -h[0])
 
 
-RULE_TABLES = [random_table(10 + s, depth=6, peaky=True) for s in range(4)]
-RULE_PREFIX = [[4], None, [5, 5], []]
+REPEAT = {h: {4: 0.5, 5: 0.28, 6: 0.12, EOS: 0.1} for n in range(6) for h in itertools.product([4, 5, 6], repeat=n)}
+RULE_TABLES = [random_table(10 + s, depth=6, peaky=True) for s in range(4)] + [REPEAT]  # 4 4 4 4 ... unless ruled
+RULE_PREFIX = [[4], None, [5, 5], [], None]
 
 
 @pytest.mark.parametrize("min_len, n", [(0, 0), (3, 0), (0, 2), (2, 3)])
@@ -306,7 +309,10 @@ def test_search_greedy_and_top_k_one_sampling_are_the_plain_greedy_under_the_rul
     T = 0.5
     cfg = DecodeConfig(strategy="sample", nbest=2, top_k=1, temperature=T, seed=3, min_len=min_len,
                        no_repeat_ngram=n)
-    drawn = search(step, cache, limits, cfg, prefix=RULE_PREFIX)
+    drawn = search(tables_step(RULE_TABLES, shared=False), cache, limits, cfg, prefix=RULE_PREFIX)
+    free = [plain_greedy(t, limit, 0, 0, p or ()) for t, p in zip(RULE_TABLES, RULE_PREFIX)]
+    assert (min_len, n) == (0, 0) or free != [plain_greedy(t, limit, min_len, n, p or ())
+                                              for t, p in zip(RULE_TABLES, RULE_PREFIX)]  # the rules bite
     for i, (table, p) in enumerate(zip(RULE_TABLES, RULE_PREFIX)):
         toks, score = plain_greedy(table, limit, min_len, n, p or ())
         assert greedy.tokens[i] == [toks] and greedy.scores[i] == pytest.approx([score], abs=1e-5)
@@ -323,12 +329,13 @@ def test_search_greedy_and_top_k_one_sampling_are_the_plain_greedy_under_the_rul
                                                      ("gnmt", 1.0, 2, 3)])
 def test_search_wide_beam_is_the_exhaustive_search_under_the_rules(rule, alpha, min_len, n):
     """`search` passes the beam size, nbest, length penalty and its rule, min_len, no_repeat_ngram and the
-    prefix on: a beam wider than the tree returns the nbest best paths the rules allow."""
-    step, B, limit = tables_step(RULE_TABLES), len(RULE_TABLES), 5
+    prefix on: a beam wider than the tree returns the nbest best paths the rules allow (random tables: REPEAT
+    would tie the paths that permute the same tokens)."""
+    step, B, limit = tables_step(RULE_TABLES[:4]), 4, 5
     cfg = DecodeConfig(strategy="beam", beam_size=100, nbest=3, len_penalty=alpha, len_penalty_rule=rule,
                        min_len=min_len, no_repeat_ngram=n, beam_finish="all")
-    got = search(step, cache_of(list(range(B))), torch.full((B,), limit), cfg, prefix=RULE_PREFIX)
-    for i, (table, p) in enumerate(zip(RULE_TABLES, RULE_PREFIX)):
+    got = search(step, cache_of(list(range(B))), torch.full((B,), limit), cfg, prefix=RULE_PREFIX[:B])
+    for i, (table, p) in enumerate(zip(RULE_TABLES[:B], RULE_PREFIX)):
         want = plain_paths(table, limit, alpha, rule, min_len, n, p or ())[:3]
         assert got.tokens[i] == [toks for _, toks in want]
         assert got.scores[i] == pytest.approx([s for s, _ in want], abs=1e-5)
@@ -349,7 +356,7 @@ def test_search_hands_on_the_finish_rule():
 
 def test_search_seeds_each_sentence_by_its_position_when_no_ids_are_given():
     """Without `ids`, sentence i of the batch samples as it does alone with ids [i] (and not as with [i + 1])."""
-    step, B = tables_step(TABLES), len(TABLES)
+    step, B = tables_step(TABLES, shared=False), len(TABLES)
     cfg = DecodeConfig(strategy="sample", nbest=3, seed=2, max_len_b=6)
     got = search(step, cache_of(list(range(B))), torch.full((B,), 6), cfg)
     for i in range(B):
@@ -445,6 +452,10 @@ def test_row_topk_and_row_max_take_a_strided_view_as_it_is():
     assert torch.equal(values, x.topk(4, dim=1).values) and torch.equal(index, x.topk(4, dim=1).indices)
     value, at = row_max(x)
     assert torch.equal(value, x.max(dim=1).values) and torch.equal(at, x.max(dim=1).indices)
+    wide = x.contiguous()  # 6000 = 60 groups of 100 columns: k = 150 best lie in more than 100 groups
+    for k in (25, 26, 150):
+        values, index = row_topk(wide, k)
+        assert torch.equal(values, wide.topk(k, dim=1).values) and torch.equal(index, wide.topk(k, dim=1).indices)
 
 
 # ----------------------------------------------------------------------------- sampling: the draws themselves
@@ -477,11 +488,99 @@ def plain_sample(table, seed, i, j, limit, T, top_k):
 def test_samples_are_the_plain_draws_of_their_seeded_generators(T, top_k):
     """Reproducible: a seed gives the same samples in every version; each (seed, sentence id, sample) its own
     generator. Oracle: the plain sampler above; samples come back in the order they end."""
-    step, ids, n, seed, limit = tables_step(TABLES[:3]), [7, 0, 3], 4, 11, 5
-    got = sample(step, cache_of([0, 1, 2]), BOS, EOS, torch.full((3,), limit), ids, n=n, temperature=T,
+    ids, n, seed, limit, seen = [7, 0, 3], 4, 11, 5, []
+    tables = [random_table(30 + s) for s in range(3)]
+    step = tables_step(tables, shared=False)
+
+    def counting(prev, cache):
+        seen.append(prev.shape[0])
+        return step(prev, cache)
+
+    got = sample(counting, cache_of([0, 1, 2]), BOS, EOS, torch.full((3,), limit), ids, n=n, temperature=T,
                  top_k=top_k, seed=seed)
+    ends = []  # the step at which each sample ends: a finished sample computes no more rows
     for s, i in enumerate(ids):
-        want = [plain_sample(TABLES[s], seed, i, j, limit, T, top_k) for j in range(n)]
+        want = [plain_sample(tables[s], seed, i, j, limit, T, top_k) for j in range(n)]
         order = sorted(range(n), key=lambda j: len(want[j][0]) + (len(want[j][0]) < limit))  # stable: by end
         assert got.tokens[s] == [want[j][0] for j in order]
         assert got.scores[s] == pytest.approx([want[j][1] for j in order], abs=1e-5)
+        ends += [len(toks) + (len(toks) < limit) for toks, _ in want]
+    assert seen == [sum(e >= t for e in ends) for t in range(1, max(ends) + 1)]
+    assert min(ends) < limit  # some samples end early
+
+
+def test_greedy_drops_finished_rows_once_an_eighth_of_the_batch_has_finished():
+    """Sentence r (of 17) ends at step r + 1 (r tokens, then </s>). The rows the step function sees follow the
+    documented rule, written out: finished rows are carried until they are at least an eighth of the rows (or all of them),
+    then all leave together; the outputs are unchanged."""
+    B, seen = 17, []
+
+    def step(prev, cache):
+        seen.append(prev.shape[0])
+        t, rows = cache["hyp.t"], cache["hyp.row"]
+        logits = torch.zeros(prev.shape[0], V, device=prev.device)
+        logits[:, 4] = 1.0
+        logits[:, EOS] = torch.where(rows <= t, 2.0, 0.0)  # row r prefers </s> from its (r+1)-th step
+        return logits, TensorCache({"hyp.t": t + 1, "hyp.row": rows})
+
+    cache = TensorCache({"hyp.t": torch.zeros(B, dtype=torch.long), "hyp.row": torch.arange(B)})
+    got = greedy_search(step, cache, BOS, EOS, torch.full((B,), 20))
+    assert got.tokens == [[4] * r for r in range(B)]
+    want, rows, done, t = [], B, 0, 0  # rows in the batch, finished rows among them
+    while rows:
+        want.append(rows)
+        t += 1
+        done += 1 if t - 1 < B else 0  # sentence t-1 ends at step t
+        if done * 8 >= rows or done == rows:
+            rows, done = rows - done, 0
+    assert seen == want
+
+
+@pytest.mark.parametrize("finish", ["all", "top_k"])
+def test_beam_stops_when_the_best_live_hypothesis_only_ties_the_finished_one(finish):
+    """</s> and 4 are equally likely at the root: the live "4" can at best tie the finished "" (alpha = 0), and
+    a tie does not beat it, so the sentence is done after one step, with ""."""
+    table = {(): {EOS: 0.5, 4: 0.5}, (4,): {EOS: 0.5, 5: 0.5}}
+    want, steps = plain_beam(table, 1, 0.0, 4, finish, 1)
+    assert steps == 1 and want == [(math.log(0.5), [])]
+    calls = []
+
+    def counting(prev, cache):
+        calls.append(prev.shape[0])
+        return tables_step([table])(prev, cache)
+
+    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([4]), 1, 0.0, finish=finish)
+    assert got == ([[[]]], [[pytest.approx(math.log(0.5))]]) and calls == [1]
+
+
+def test_beam_stops_before_its_last_step_when_even_the_longest_ending_cannot_win():
+    """"all", alpha 1, limit 3. After step 2 the finished "" scores -0.7 and the live "4 5" has -1.0, which at
+    best ends at the limit: -1.0 / ((5 + 3) / 6) = -0.75 <= -0.7, so the third step is never taken (after
+    step 1, the live "4" could still have reached -0.514: it goes on)."""
+    a = math.exp(-0.7)
+    d = math.exp(-1.0) / (1 - a)
+    table = {(): {EOS: a, 4: 1 - a}, (4,): {EOS: 1 - d, 5: d}}
+    want, steps = plain_beam(table, 1, 1.0, 3, "all", 1)
+    assert steps == 2 and want == [(pytest.approx(-0.7), [])]
+    calls = []
+
+    def counting(prev, cache):
+        calls.append(prev.shape[0])
+        return tables_step([table])(prev, cache)
+
+    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([3]), 1, 1.0, finish="all")
+    assert got == ([[[]]], [[pytest.approx(-0.7, abs=1e-6)]]) and calls == [1, 1]
+
+
+def test_tensor_cache_reorders_hypothesis_entries_and_sentence_entries_only_when_asked():
+    """Oracle: indexing by hand. "hyp.*" entries follow the hypothesis rows, the others the sentence rows,
+    and stay as they are (the same tensor) when no sentence rows are given."""
+    hyp, sent = torch.arange(12).reshape(6, 2), torch.tensor([10, 20, 30])
+    cache = TensorCache({"hyp.h": hyp, "enc": sent})
+    rows = torch.tensor([5, 0, 0, 3])
+    same = cache.reorder(rows)
+    assert torch.equal(same["hyp.h"], hyp[[5, 0, 0, 3]]) and same["enc"] is sent
+    both = cache.reorder(rows, torch.tensor([2, 0]))
+    assert torch.equal(both["hyp.h"], hyp[[5, 0, 0, 3]]) and both["enc"].tolist() == [30, 10]
+    picked = select_rows(cache, torch.tensor([1, 1]))  # rows of both kinds alike
+    assert picked["hyp.h"].tolist() == [[2, 3], [2, 3]] and picked["enc"].tolist() == [20, 20]
