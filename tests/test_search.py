@@ -184,6 +184,8 @@ def test_the_helpers_put_every_tensor_on_their_inputs_device():
     limit = torch.tensor([3, 1, 4])
     assert_follows_input_device(prefix_table, [[4, 5, 6, 4], None, []], limit, BOS, EOS)
     assert_follows_input_device(prefix_table, None, limit, BOS, EOS)
+    table, raised = prefix_table([[4, 5, 6, 4], None, []], limit.to("meta"), BOS, EOS)  # built on the CPU, then
+    assert table.device == raised.device == torch.device("meta")  # moved to the limits' device (meta: any other)
     assert_follows_input_device(max_lengths, limit, 1.5, 2)
     history = torch.tensor([[4, 5, 6, 4, 5], [4, 4, 4, 4, 4]])
     assert_follows_input_device(lambda x: forbid(x.clone(), history, 5, EOS, 6, 3), torch.zeros(2, V))
@@ -399,10 +401,11 @@ def plain_beam(table, K, alpha, limit, finish, nbest):
 
 
 @pytest.mark.parametrize("finish", ["all", "top_k"])
-@pytest.mark.parametrize("K, alpha, nbest", [(1, 0.0, 1), (2, 0.6, 1), (3, 1.0, 2), (3, 0.0, 3)])
+@pytest.mark.parametrize("K, alpha, nbest", [(1, 0.0, 1), (2, 0.6, 1), (3, 1.0, 2), (3, 0.0, 3), (2, -0.5, 1)])
 def test_beam_stops_each_sentence_exactly_when_the_rules_say(finish, K, alpha, nbest):
     """Oracle: the plain beam above, its results and the number of steps it takes. A batch runs as many steps
-    as its slowest sentence, and a done sentence computes no more rows."""
+    as its slowest sentence, and a done sentence computes no more rows. A negative alpha (beam_search takes
+    it; the config does not) makes the next length's penalty, not the limit's, the largest still reachable."""
     tables = [random_table(20 + s, depth=6, peaky=True) for s in range(4)]
     limits = [6, 4, 5, 3]
     want = [plain_beam(t, K, alpha, n, finish, nbest) for t, n in zip(tables, limits)]
@@ -536,12 +539,14 @@ def test_greedy_drops_finished_rows_once_an_eighth_of_the_batch_has_finished():
     assert seen == want
 
 
-@pytest.mark.parametrize("finish", ["all", "top_k"])
-def test_beam_stops_when_the_best_live_hypothesis_only_ties_the_finished_one(finish):
+@pytest.mark.parametrize("finish, alpha", [("all", 0.0), ("top_k", 0.0), ("top_k", 1.0)])
+def test_beam_stops_when_the_best_live_hypothesis_only_ties_the_finished_one(finish, alpha):
     """</s> and 4 are equally likely at the root: the live "4" can at best tie the finished "" (alpha = 0), and
-    a tie does not beat it, so the sentence is done after one step, with ""."""
+    a tie does not beat it, so the sentence is done after one step, with "". With alpha = 1 it could still
+    win by growing longer (the exact rule goes on) but top_k's rule compares it at its current length: a tie,
+    done too."""
     table = {(): {EOS: 0.5, 4: 0.5}, (4,): {EOS: 0.5, 5: 0.5}}
-    want, steps = plain_beam(table, 1, 0.0, 4, finish, 1)
+    want, steps = plain_beam(table, 1, alpha, 4, finish, 1)
     assert steps == 1 and want == [(math.log(0.5), [])]
     calls = []
 
@@ -549,7 +554,7 @@ def test_beam_stops_when_the_best_live_hypothesis_only_ties_the_finished_one(fin
         calls.append(prev.shape[0])
         return tables_step([table])(prev, cache)
 
-    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([4]), 1, 0.0, finish=finish)
+    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([4]), 1, alpha, finish=finish)
     assert got == ([[[]]], [[pytest.approx(math.log(0.5))]]) and calls == [1]
 
 
