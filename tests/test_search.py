@@ -112,7 +112,8 @@ def test_stopped_sentences_leave_and_the_others_decode_as_each_alone(strategy):
                                finish=strategy[5:], stop=stop)
     else:
         def run(cache, limit, ids, stop=None, prefix=None):
-            return sample(tables_step(TABLES, shared=False), cache, BOS, EOS, limit, ids, n=3, seed=5, prefix=prefix, stop=stop)
+            return sample(tables_step(TABLES, shared=False), cache, BOS, EOS, limit, ids, n=3, seed=5, prefix=prefix,
+                          stop=stop)
     B = len(TABLES)
     stopper = Stopper(GONE, AT)
     tokens, scores = run(cache_of(list(range(B))), torch.full((B,), 6), list(range(B)), stopper)
@@ -176,7 +177,8 @@ def test_the_searches_put_every_tensor_on_their_inputs_device():
     for finish in ("all", "top_k"):
         assert_follows_input_device(lambda: beam_search(step, cache, BOS, EOS, limit, 3, 0.6, nbest=2,
                                                         finish=finish, **rules, stop=stop()))
-    assert_follows_input_device(lambda: sample(tables_step(TABLES, shared=False), cache, BOS, EOS, limit, [3, 1, 4, 1, 5], n=2, top_k=2,
+    sampling = tables_step(TABLES, shared=False)
+    assert_follows_input_device(lambda: sample(sampling, cache, BOS, EOS, limit, [3, 1, 4, 1, 5], n=2, top_k=2,
                                                top_p=0.9, temperature=0.7, **rules, stop=stop()))
 
 
@@ -514,8 +516,8 @@ def test_samples_are_the_plain_draws_of_their_seeded_generators(T, top_k):
 
 def test_greedy_drops_finished_rows_once_an_eighth_of_the_batch_has_finished():
     """Sentence r (of 17) ends at step r + 1 (r tokens, then </s>). The rows the step function sees follow the
-    documented rule, written out: finished rows are carried until they are at least an eighth of the rows (or all of them),
-    then all leave together; the outputs are unchanged."""
+    documented rule, written out: finished rows are carried until they are at least an eighth of the rows (or
+    all of them), then all leave together; the outputs are unchanged."""
     B, seen = 17, []
 
     def step(prev, cache):
@@ -589,3 +591,25 @@ def test_tensor_cache_reorders_hypothesis_entries_and_sentence_entries_only_when
     assert torch.equal(both["hyp.h"], hyp[[5, 0, 0, 3]]) and both["enc"].tolist() == [30, 10]
     picked = select_rows(cache, torch.tensor([1, 1]))  # rows of both kinds alike
     assert picked["hyp.h"].tolist() == [[2, 3], [2, 3]] and picked["enc"].tolist() == [20, 20]
+
+
+def test_greedy_scores_are_the_float64_sums_of_the_float32_log_probabilities():
+    """Oracle: torch's log_softmax of each step's logits (float32), each value taken as a Python float and
+    summed in order: exactly, not within float32 (long outputs would drift)."""
+    class Always(dict):  # the same next-token probabilities after any history: 4 4 4 ... to the limit
+        def get(self, history, default=None):
+            return {4: 0.5, 5: 0.28, 6: 0.12, EOS: 0.1}
+
+    table = Always()
+    step = tables_step([table])
+    got = greedy_search(step, cache_of([0]), BOS, EOS, torch.tensor([40]))
+    toks = got.tokens[0]
+    assert toks == [4] * 40
+    want, hist = 0.0, []
+    for tok in toks:
+        row = [-1e9] * V
+        for t, p in table.get(tuple(hist), {EOS: 1.0}).items():
+            row[t] = math.log(p)
+        want += float(torch.log_softmax(torch.tensor(row), -1)[tok])
+        hist.append(tok)
+    assert got.scores[0] == want
