@@ -70,9 +70,9 @@ def prefix_table(prefix: list[list[int] | None] | None, max_len: Tensor, bos: in
     for i, p in enumerate(prefix):
         if any(tok < 0 or tok in (0, bos, eos) for tok in p):  # id 0: <pad> (tformer.data.vocab)
             raise ValueError(f"prefix {i} holds a special or negative id ({p}); give ids without <s>, </s>, <pad>")
-    table = torch.full((B, max(map(len, prefix), default=0)), -1, dtype=torch.long)  # (B, P)
+    table = torch.full((B, max(map(len, prefix), default=0)), -1, dtype=torch.long, device="cpu")  # (B, P)
     for i, p in enumerate(prefix):
-        table[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        table[i, : len(p)] = torch.tensor(p, dtype=torch.long, device="cpu")
     lengths = torch.tensor([len(p) for p in prefix], dtype=max_len.dtype, device=max_len.device)  # (B,)
     return table.to(max_len.device), torch.maximum(max_len, lengths)
 

@@ -55,7 +55,7 @@ def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids:
     live = torch.arange(B * n, device=device)  # (N_live,) original row
     prev = torch.full((B * n,), bos, dtype=torch.long, device=device)
     history = torch.empty((B * n, 0), dtype=torch.long, device=device)
-    total = torch.zeros(B * n)
+    total = torch.zeros(B * n, device="cpu")
     t = 0
     while live.numel():
         gone = stopped(stop, hyp_sent[live])  # (N_live,) or None: a sentence's samples go together
@@ -73,7 +73,7 @@ def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids:
             forced = prefix[hyp_sent[live], t]  # (N_live,) the prefix token due, -1 past the prefix
             logp = force(torch.log_softmax(logits.float() / temperature, dim=-1), logp, forced)
         probs = logp.exp().cpu()
-        u = torch.stack([torch.rand((), generator=gens[r]) for r in live.tolist()])  # (N_live,)
+        u = torch.stack([torch.rand((), generator=gens[r], device="cpu") for r in live.tolist()])  # (N_live,)
         cdf = probs.cumsum(-1)
         tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=probs.shape[-1] - 1)[:, 0]
         tok = tok.to(device)

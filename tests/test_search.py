@@ -1,0 +1,615 @@
+"""The searches' contract against oracles: sentences taken out by `stop` leave the others as each alone would
+decode, the searches and their helpers put every tensor on their inputs' device, `search` hands every setting
+to the search it names, the length penalties are their formulas, and bad settings are refused by name."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from conftest import assert_follows_input_device
+from tformer.config import DecodeConfig
+from tformer.data import Vocab
+from tformer.decode import (TensorCache, beam_search, forbid, force, greedy_search, length_penalty, max_lengths,
+                            prefix_table, sample, search, select_rows, stopped)
+from tformer.decode.beam import Finished, penalties
+from tformer.decode.common import row_max, row_topk
+
+PAD, BOS, EOS = Vocab.pad, Vocab.bos, Vocab.eos
+V = 7  # 4 specials + tokens 4, 5, 6
+
+
+def tables_step(tables, shared=True):
+    """Next-token probabilities from {history tuple: {token: p}}, one table per sentence (the sentence-level
+    entry "sentence" names it; the histories ride as a hypothesis-level entry). Every tensor it makes is on
+    the device of `prev`, so that it can run under the device oracle. `shared`: a sentence's hypotheses share
+    its sentence-level row (greedy, beam); sampling gives every sample its own copy."""
+
+    def step(prev, cache):
+        hist = prev[:, None] if "hyp.hist" not in cache else torch.cat([cache["hyp.hist"], prev[:, None]], 1)
+        which = cache["sentence"].tolist()
+        assert len(set(which)) == len(which) or not shared  # one row per sentence, never copied per hypothesis
+        per = prev.shape[0] // len(which)  # rows per sentence
+        assert per * len(which) == prev.shape[0]
+        rows = []
+        for r, h in enumerate(hist.tolist()):
+            row = [-1e9] * V
+            for tok, p in tables[which[r // per]].get(tuple(h[1:]), {EOS: 1.0}).items():
+                row[tok] = math.log(p)
+            rows.append(row)
+        return torch.tensor(rows, device=prev.device), TensorCache({"hyp.hist": hist, "sentence": cache["sentence"]})
+
+    return step
+
+
+def random_table(seed, depth=5, peaky=False):
+    g = torch.Generator().manual_seed(seed)
+    table = {}
+    for n in range(depth):
+        for hist in itertools.product([4, 5, 6], repeat=n):
+            p = torch.rand(4, generator=g)
+            p = p**3 + 0.01 if peaky else p + 0.05
+            table[hist] = dict(zip([EOS, 4, 5, 6], (p / p.sum()).tolist()))
+    return table
+
+
+def cache_of(sentences):
+    return TensorCache({"sentence": torch.tensor(sentences)})
+
+
+# ----------------------------------------------------------------------------- stop: sentences taken out
+
+
+def long_table(seed):
+    """A random table where </s> is rare, so that outputs run to their limit: a sentence stopped early has
+    had fewer steps than it would have taken."""
+    table = random_table(seed, depth=6)
+    return {h: {t: (p * 0.05 if t == EOS else p) for t, p in d.items()} for h, d in table.items()}
+
+
+class Stopper:
+    """Stops the sentences `gone` before step `at` (counting from 0), recording what it was asked."""
+
+    def __init__(self, gone, at):
+        self.gone, self.at, self.asked = set(gone), at, []
+
+    def __call__(self, live):
+        self.asked.append(list(live))
+        return [s in self.gone and len(self.asked) > self.at for s in live]
+
+
+TABLES = [long_table(s) for s in range(5)]
+GONE, AT = {1, 3}, 2  # sentences 1 and 3 leave before the third step
+
+
+def _alone(fn, i):
+    return fn(cache_of([i]), torch.tensor([6]), [i])
+
+
+def _assert_asked(stopper, B, per=1):
+    """`stop` is asked about every live sentence in batch order (sampling: once per live sample)."""
+    assert stopper.asked[0] == [i for i in range(B) for _ in range(per)]
+    for n, live in enumerate(stopper.asked):
+        assert live == sorted(live)
+        if n > stopper.at:  # once stopped, never asked about again
+            assert not set(live) & stopper.gone
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam_all", "beam_top_k", "sample"])
+def test_stopped_sentences_leave_and_the_others_decode_as_each_alone(strategy):
+    """Oracle: each sentence decoded alone, without `stop`. A stopped sentence keeps what it had: greedy the
+    tokens of its first AT steps, beam and sampling only hypotheses that had ended before the stop (and a
+    sample is the very sample it would have been)."""
+    step = tables_step(TABLES)
+    if strategy == "greedy":
+        def run(cache, limit, ids, stop=None, prefix=None):
+            h = greedy_search(step, cache, BOS, EOS, limit, prefix=prefix, stop=stop)
+            return [[t] for t in h.tokens], [[s] for s in h.scores]
+    elif strategy.startswith("beam"):
+        def run(cache, limit, ids, stop=None, prefix=None):
+            return beam_search(step, cache, BOS, EOS, limit, 3, 0.6, nbest=2, prefix=prefix,
+                               finish=strategy[5:], stop=stop)
+    else:
+        def run(cache, limit, ids, stop=None, prefix=None):
+            return sample(tables_step(TABLES, shared=False), cache, BOS, EOS, limit, ids, n=3, seed=5, prefix=prefix,
+                          stop=stop)
+    B = len(TABLES)
+    stopper = Stopper(GONE, AT)
+    tokens, scores = run(cache_of(list(range(B))), torch.full((B,), 6), list(range(B)), stopper)
+    _assert_asked(stopper, B, 3 if strategy == "sample" else 1)
+    assert len(stopper.asked) > AT + 1  # the others went on after the stop
+    for i in range(B):
+        want_tokens, want_scores = run(cache_of([i]), torch.tensor([6]), [i])
+        if i not in GONE:
+            assert tokens[i] == want_tokens[0]
+            assert scores[i] == pytest.approx(want_scores[0], abs=1e-6)
+        elif strategy == "greedy":
+            assert len(want_tokens[0][0]) > AT and tokens[i] == [want_tokens[0][0][:AT]]
+        else:  # only what had ended in fewer than AT tokens (</s> the AT-th at the latest)
+            assert all(len(h) < AT for h in tokens[i])
+            if strategy == "sample":
+                assert all(h in want_tokens[0] for h in tokens[i])
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_stopping_every_sentence_ends_the_search_before_any_step(strategy):
+    calls = []
+
+    def step(prev, cache):
+        calls.append(prev.shape[0])
+        return tables_step(TABLES)(prev, cache)
+
+    cfg = DecodeConfig(strategy=strategy, beam_size=2, nbest=1 if strategy == "greedy" else 2)
+    out = search(step, cache_of([0, 1, 2]), torch.full((3,), 4), cfg, stop=lambda live: [True] * len(live))
+    assert calls == []
+    if strategy == "greedy":
+        assert out == ([[[]], [[]], [[]]], [[0.0], [0.0], [0.0]])  # nothing decoded: no tokens, no score
+    else:
+        assert out == ([[], [], []], [[], [], []])  # nothing finished
+
+
+def test_stopped_says_which_sentences_to_take_out_on_their_device():
+    live = torch.tensor([0, 2, 5])
+    assert stopped(None, live) is None
+    assert stopped(lambda s: [False] * len(s), live) is None  # none stops: nothing to do
+    asked = []
+    assert stopped(lambda s: asked.append(s) or [False] * len(s), live[:0]) is None and asked == []
+    got = assert_follows_input_device(stopped, lambda s: [x == 2 for x in s], live)
+    assert got.dtype == torch.bool and got.tolist() == [False, True, False]
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+def test_the_searches_put_every_tensor_on_their_inputs_device():
+    """Device oracle (conftest): each search, with every rule, a prefix and a stop, run under a 'meta' default
+    device gives the CPU result: no tensor is made off the inputs' device."""
+    step, B = tables_step(TABLES), len(TABLES)
+    cache, limit = cache_of(list(range(B))), torch.tensor([6, 5, 2, 6, 4])
+    prefix = [[4, 5], [], None, [6], [5, 5, 5, 5, 5]]
+    rules = dict(min_len=2, no_repeat_ngram=2, prefix=prefix)
+
+    def stop():  # a fresh one for each run
+        return Stopper({3}, 2)
+
+    assert_follows_input_device(lambda: greedy_search(step, cache, BOS, EOS, limit, **rules, stop=stop()))
+    for finish in ("all", "top_k"):
+        assert_follows_input_device(lambda: beam_search(step, cache, BOS, EOS, limit, 3, 0.6, nbest=2,
+                                                        finish=finish, **rules, stop=stop()))
+    sampling = tables_step(TABLES, shared=False)
+    assert_follows_input_device(lambda: sample(sampling, cache, BOS, EOS, limit, [3, 1, 4, 1, 5], n=2, top_k=2,
+                                               top_p=0.9, temperature=0.7, **rules, stop=stop()))
+
+
+def test_the_helpers_put_every_tensor_on_their_inputs_device():
+    limit = torch.tensor([3, 1, 4])
+    assert_follows_input_device(prefix_table, [[4, 5, 6, 4], None, []], limit, BOS, EOS)
+    assert_follows_input_device(prefix_table, None, limit, BOS, EOS)
+    table, raised = prefix_table([[4, 5, 6, 4], None, []], limit.to("meta"), BOS, EOS)  # built on the CPU, then
+    assert table.device == raised.device == torch.device("meta")  # moved to the limits' device (meta: any other)
+    assert_follows_input_device(max_lengths, limit, 1.5, 2)
+    history = torch.tensor([[4, 5, 6, 4, 5], [4, 4, 4, 4, 4]])
+    assert_follows_input_device(lambda x: forbid(x.clone(), history, 5, EOS, 6, 3), torch.zeros(2, V))
+    assert_follows_input_device(force, torch.randn(3, V), torch.randn(3, V), torch.tensor([4, -1, 6]))
+    wide = torch.randn(3, 6000)  # wide enough for the grouped path
+    assert_follows_input_device(row_topk, wide, 4)
+    assert_follows_input_device(row_max, wide)
+    cpu = torch.device("cpu")
+    assert_follows_input_device(penalties, 6, 0.6, "gnmt", cpu)
+    assert_follows_input_device(penalties, 6, 0.6, "power", cpu)
+
+    def nth():
+        done = Finished(3, 2, cpu)
+        done.add(0, -1.0, [4])
+        done.add(0, -2.0, [5])
+        done.add(2, -0.5, [6])
+        return done.nth([0, 1, 2], 1), done.nth([0, 1, 2], 2)
+
+    got = assert_follows_input_device(nth)
+    assert got[0].tolist() == [-1.0, float("-inf"), -0.5] and got[1].tolist() == [-2.0, float("-inf"), float("-inf")]
+
+
+# ----------------------------------------------------------------------------- settings: formulas and refusals
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0])
+def test_length_penalties_are_their_formulas(alpha):
+    """GNMT: ((5 + |Y|) / 6) ** alpha; power: |Y| ** alpha, an empty length counting as 1. `penalties` is
+    the same for every length 0 .. longest, in float64."""
+    for n in range(0, 9):
+        assert length_penalty(n, alpha) == pytest.approx(((5 + n) / 6) ** alpha, rel=1e-12)
+        assert length_penalty(n, alpha, "gnmt") == pytest.approx(((5 + n) / 6) ** alpha, rel=1e-12)
+        assert length_penalty(n, alpha, "power") == pytest.approx(max(n, 1) ** alpha, rel=1e-12)
+    for rule, formula in (("gnmt", lambda n: ((5 + n) / 6) ** alpha), ("power", lambda n: max(n, 1) ** alpha)):
+        table = penalties(8, alpha, rule, torch.device("cpu"))
+        assert table.dtype == torch.float64 and table.shape == (9,)
+        assert table.tolist() == pytest.approx([formula(n) for n in range(9)], rel=1e-12)
+
+
+def test_unknown_rules_are_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"^rule must be one of \('gnmt', 'power'\), got 'gnm'$"):
+        length_penalty(3, 0.6, "gnm")
+    step, cache, limit = tables_step(TABLES[:1]), cache_of([0]), torch.tensor([4])
+    with pytest.raises(ValueError, match=r"^finish must be one of \('all', 'top_k'\), got 'topk'$"):
+        beam_search(step, cache, BOS, EOS, limit, 2, finish="topk")
+    with pytest.raises(ValueError, match=r"^penalty_rule must be one of \('gnmt', 'power'\), got 'pow'$"):
+        beam_search(step, cache, BOS, EOS, limit, 2, penalty_rule="pow")
+    with pytest.raises(ValueError, match=r"^3 prefixes for a batch of 1 sentences$"):
+        prefix_table([[4], [5], [6]], limit, BOS, EOS)
+    for bad in ([4, PAD], [BOS], [5, EOS], [-3]):
+        with pytest.raises(ValueError, match=r"^prefix 1 holds a special or negative id \(\[.*\]\); give ids without "
+                                             r"<s>, </s>, <pad>$"):
+            prefix_table([[4], bad], torch.tensor([4, 4]), BOS, EOS)
+
+
+# ----------------------------------------------------------------------------- `search` hands on every setting
+
+
+def _forbidden(out, tok, min_len, n):
+    """The rules written plainly: </s> before min_len tokens; a token completing an n-gram already in out."""
+    if tok == EOS and len(out) < min_len:
+        return True
+    if n and len(out) >= n:
+        grams = {tuple(out[i : i + n]) for i in range(len(out) - n + 1)}
+        return tuple(out[len(out) - n + 1 :] + [tok]) in grams
+    return False
+
+
+def plain_greedy(table, limit, min_len=0, n=0, prefix=()):
+    """One sentence, no tensors: the prefix, then the most probable allowed token until </s> or the limit
+    (raised to the prefix); the score sums log p of every token taken, </s> included."""
+    out, score = [], 0.0
+    while len(out) < max(limit, len(prefix)):
+        probs = table.get(tuple(out), {EOS: 1.0})
+        if len(out) < len(prefix):
+            tok = prefix[len(out)]
+        else:
+            allowed = {t: p for t, p in probs.items() if not _forbidden(out, t, min_len, n)}
+            assert allowed, "the table must leave the rules something to choose"
+            tok = max(allowed, key=allowed.get)
+        score += math.log(probs[tok])
+        if tok == EOS:
+            break
+        out.append(tok)
+    return out, score
+
+
+def plain_paths(table, limit, alpha, rule, min_len=0, n=0, prefix=()):
+    """Every path the rules allow through `table`, beginning with the prefix, ending in </s> or cut at the
+    limit, as (length-normalised score, tokens), best first."""
+    limit, paths = max(limit, len(prefix)), []
+
+    def walk(path, logp):
+        for tok, p in table.get(tuple(path), {EOS: 1.0}).items():
+            if len(path) < len(prefix):
+                if tok != prefix[len(path)]:
+                    continue
+            elif _forbidden(path, tok, min_len, n):
+                continue
+            lp, size = logp + math.log(p), len(path) + 1
+            if tok == EOS or size == limit:
+                paths.append((lp / length_penalty(size, alpha, rule), path if tok == EOS else path + [tok]))
+            else:
+                walk(path + [tok], lp)
+
+    walk([], 0.0)
+    return sorted(paths, key=lambda h: -h[0])
+
+
+REPEAT = {h: {4: 0.5, 5: 0.28, 6: 0.12, EOS: 0.1} for n in range(6) for h in itertools.product([4, 5, 6], repeat=n)}
+RULE_TABLES = [random_table(10 + s, depth=6, peaky=True) for s in range(4)] + [REPEAT]  # 4 4 4 4 ... unless ruled
+RULE_PREFIX = [[4], None, [5, 5], [], None]
+
+
+@pytest.mark.parametrize("min_len, n", [(0, 0), (3, 0), (0, 2), (2, 3)])
+def test_search_greedy_and_top_k_one_sampling_are_the_plain_greedy_under_the_rules(min_len, n):
+    """`search` passes min_len, no_repeat_ngram, the prefix, the temperature and top_k on: greedy and
+    sampling with top_k = 1 both give the plain greedy output; greedy scores it by log p, sampling scores
+    the drawn tokens 0 (the filtered distribution keeps one token) and the forced ones under the temperature."""
+    step, B, limit = tables_step(RULE_TABLES), len(RULE_TABLES), 5
+    cache, limits = cache_of(list(range(B))), torch.full((B,), limit)
+    greedy = search(step, cache, limits, DecodeConfig(min_len=min_len, no_repeat_ngram=n), prefix=RULE_PREFIX)
+    T = 0.5
+    cfg = DecodeConfig(strategy="sample", nbest=2, top_k=1, temperature=T, seed=3, min_len=min_len,
+                       no_repeat_ngram=n)
+    drawn = search(tables_step(RULE_TABLES, shared=False), cache, limits, cfg, prefix=RULE_PREFIX)
+    free = [plain_greedy(t, limit, 0, 0, p or ()) for t, p in zip(RULE_TABLES, RULE_PREFIX)]
+    assert (min_len, n) == (0, 0) or free != [plain_greedy(t, limit, min_len, n, p or ())
+                                              for t, p in zip(RULE_TABLES, RULE_PREFIX)]  # the rules bite
+    for i, (table, p) in enumerate(zip(RULE_TABLES, RULE_PREFIX)):
+        toks, score = plain_greedy(table, limit, min_len, n, p or ())
+        assert greedy.tokens[i] == [toks] and greedy.scores[i] == pytest.approx([score], abs=1e-5)
+        assert drawn.tokens[i] == [toks, toks]
+        forced, hist = 0.0, []
+        for tok in p or ():  # log softmax(log p / T) of each prefix token
+            probs = table[tuple(hist)]
+            forced += math.log(probs[tok] ** (1 / T) / sum(q ** (1 / T) for q in probs.values()))
+            hist.append(tok)
+        assert drawn.scores[i] == pytest.approx([forced, forced], abs=1e-5)
+
+
+@pytest.mark.parametrize("rule, alpha, min_len, n", [("gnmt", 0.6, 0, 0), ("power", 1.0, 3, 0), ("power", 2.0, 0, 2),
+                                                     ("gnmt", 1.0, 2, 3)])
+def test_search_wide_beam_is_the_exhaustive_search_under_the_rules(rule, alpha, min_len, n):
+    """`search` passes the beam size, nbest, length penalty and its rule, min_len, no_repeat_ngram and the
+    prefix on: a beam wider than the tree returns the nbest best paths the rules allow (random tables: REPEAT
+    would tie the paths that permute the same tokens)."""
+    step, B, limit = tables_step(RULE_TABLES[:4]), 4, 5
+    cfg = DecodeConfig(strategy="beam", beam_size=100, nbest=3, len_penalty=alpha, len_penalty_rule=rule,
+                       min_len=min_len, no_repeat_ngram=n, beam_finish="all")
+    got = search(step, cache_of(list(range(B))), torch.full((B,), limit), cfg, prefix=RULE_PREFIX[:B])
+    for i, (table, p) in enumerate(zip(RULE_TABLES[:B], RULE_PREFIX)):
+        want = plain_paths(table, limit, alpha, rule, min_len, n, p or ())[:3]
+        assert got.tokens[i] == [toks for _, toks in want]
+        assert got.scores[i] == pytest.approx([s for s, _ in want], abs=1e-5)
+
+
+# An ending at hand at the first step (</s>: 0.4) that a beam of 1 under the top_k rule never keeps (it ranks
+# second of 2 candidates): it follows 4s to the limit instead.
+EARLY_END = {(): {EOS: 0.4, 4: 0.6}, **{(4,) * k: {4: 0.3, EOS: 0.2, 5: 0.25, 6: 0.25} for k in range(1, 6)}}
+
+
+def test_search_hands_on_the_finish_rule():
+    step, cache, limit = tables_step([EARLY_END]), cache_of([0]), torch.tensor([4])
+    every = search(step, cache, limit, DecodeConfig(strategy="beam", beam_size=1, len_penalty=0.0, beam_finish="all"))
+    assert every == ([[[]]], [[pytest.approx(math.log(0.4))]])
+    top = search(step, cache, limit, DecodeConfig(strategy="beam", beam_size=1, len_penalty=0.0, beam_finish="top_k"))
+    assert top == ([[[4, 4, 4, 4]]], [[pytest.approx(math.log(0.6 * 0.3**3))]])
+
+
+def test_search_seeds_each_sentence_by_its_position_when_no_ids_are_given():
+    """Without `ids`, sentence i of the batch samples as it does alone with ids [i] (and not as with [i + 1])."""
+    step, B = tables_step(TABLES, shared=False), len(TABLES)
+    cfg = DecodeConfig(strategy="sample", nbest=3, seed=2, max_len_b=6)
+    got = search(step, cache_of(list(range(B))), torch.full((B,), 6), cfg)
+    for i in range(B):
+        assert search(step, cache_of([i]), torch.tensor([6]), cfg, ids=[i]) == (got.tokens[i : i + 1],
+                                                                                got.scores[i : i + 1])
+    assert any(search(step, cache_of([i]), torch.tensor([6]), cfg, ids=[i + 1]).tokens[0] != got.tokens[i]
+               for i in range(B))
+
+
+# ----------------------------------------------------------------------------- beam: when a sentence is done
+
+
+def plain_beam(table, K, alpha, limit, finish, nbest):
+    """One sentence, no tensors, the module docstring's rules: each step extends every live hypothesis by
+    every token; top_k keeps the endings among the 2K best candidates' top K ranks, all keeps every ending;
+    the K best that do not end go on. Done at the limit, or when the best live raw score over the largest
+    penalty still reachable does not beat the nbest-th finished, or (top_k) when that score over the current
+    length's penalty does not beat the K-th finished. Returns the nbest best finished and the steps taken."""
+    lp = lambda n: length_penalty(n, alpha)  # noqa: E731
+    alive, finished, steps = [(0.0, [])], [], 0
+    for t in range(1, limit + 1):
+        steps += 1
+        cands = sorted(((s + math.log(p), k, tok) for k, (s, toks) in enumerate(alive)
+                        for tok, p in table.get(tuple(toks), {EOS: 1.0}).items()), key=lambda c: (-c[0], c[1], c[2]))
+        top = cands[: 2 * K] if finish == "top_k" else cands
+        finished += [(s / lp(t), alive[k][1]) for r, (s, k, tok) in enumerate(top)
+                     if tok == EOS and (finish == "all" or r < K)]
+        alive = [(s, alive[k][1] + [tok]) for s, k, tok in top if tok != EOS][:K]
+        if t == limit:
+            finished += [(s / lp(t), toks) for s, toks in alive]
+            break
+        best = sorted((f[0] for f in finished), reverse=True)
+        nth = lambda n: best[n - 1] if len(best) >= n else float("-inf")  # noqa: E731
+        if alive[0][0] / max(lp(t + 1), lp(limit)) <= nth(nbest):
+            break
+        if finish == "top_k" and alive[0][0] / lp(t) <= nth(K):
+            break
+    finished.sort(key=lambda f: -f[0])  # stable: equal scores in the order found
+    return finished[:nbest], steps
+
+
+@pytest.mark.parametrize("finish", ["all", "top_k"])
+@pytest.mark.parametrize("K, alpha, nbest", [(1, 0.0, 1), (2, 0.6, 1), (3, 1.0, 2), (3, 0.0, 3), (2, -0.5, 1)])
+def test_beam_stops_each_sentence_exactly_when_the_rules_say(finish, K, alpha, nbest):
+    """Oracle: the plain beam above, its results and the number of steps it takes. A batch runs as many steps
+    as its slowest sentence, and a done sentence computes no more rows. A negative alpha (beam_search takes
+    it; the config does not) makes the next length's penalty, not the limit's, the largest still reachable."""
+    tables = [random_table(20 + s, depth=6, peaky=True) for s in range(4)]
+    limits = [6, 4, 5, 3]
+    want = [plain_beam(t, K, alpha, n, finish, nbest) for t, n in zip(tables, limits)]
+    rows = []
+    step = tables_step(tables)
+
+    def counting(prev, cache):
+        rows.append(prev.shape[0])
+        return step(prev, cache)
+
+    for i, (table, limit) in enumerate(zip(tables, limits)):  # one at a time: its steps
+        rows.clear()
+        got = beam_search(counting, cache_of([i]), BOS, EOS, torch.tensor([limit]), K, alpha, nbest=nbest,
+                          finish=finish)
+        assert got.tokens[0] == [toks for _, toks in want[i][0]]
+        assert got.scores[0] == pytest.approx([s for s, _ in want[i][0]], abs=1e-5)
+        assert len(rows) == want[i][1]
+    rows.clear()
+    got = beam_search(counting, cache_of([0, 1, 2, 3]), BOS, EOS, torch.tensor(limits), K, alpha, nbest=nbest,
+                      finish=finish)
+    assert got.tokens == [[toks for _, toks in w[0]] for w in want]
+    assert len(rows) == max(w[1] for w in want)
+    assert sum(rows) == sum(1 + (w[1] - 1) * K for w in want)  # one row at the first step, then K
+
+
+def test_finished_keeps_the_best_in_order_found_and_its_bar_is_exact():
+    """Finished hypotheses: at most `keep` per sentence, best first, equal scores in the order they came; the
+    n-th best score comes back exactly (float64: a bar rounded to float32 could end a sentence too early)."""
+    done = Finished(2, 3, torch.device("cpu"))
+    for score, toks in ((-0.1, [4]), (-0.3, [5]), (-0.1, [6]), (-0.05, [4, 4]), (-0.3, [6, 6]), (-0.2, [5, 5])):
+        done.add(0, score, toks)
+    assert done.hyps[0] == [(-0.05, [4, 4]), (-0.1, [4]), (-0.1, [6])] and done.hyps[1] == []
+    done.add(1, -0.3, [5])
+    done.add(1, -0.3, [6])
+    assert done.hyps[1] == [(-0.3, [5]), (-0.3, [6])]
+    for n, want in ((1, [-0.05, -0.3]), (2, [-0.1, -0.3]), (3, [-0.1, float("-inf")])):
+        bar = done.nth([0, 1], n)
+        assert bar.dtype == torch.float64 and bar.tolist() == want  # exactly, not within float32
+    assert done.nth([1], 1).tolist() == [-0.3]
+
+
+def test_row_topk_and_row_max_take_a_strided_view_as_it_is():
+    """A non-contiguous (N, V) (a transposed view) gives torch's own topk and max."""
+    x = (torch.randn(6000, 3, generator=torch.Generator().manual_seed(4)) * 4).t()  # (3, 6000), strided
+    assert not x.is_contiguous()
+    values, index = row_topk(x, 4)
+    assert torch.equal(values, x.topk(4, dim=1).values) and torch.equal(index, x.topk(4, dim=1).indices)
+    value, at = row_max(x)
+    assert torch.equal(value, x.max(dim=1).values) and torch.equal(at, x.max(dim=1).indices)
+    wide = x.contiguous()  # 6000 = 60 groups of 100 columns: k = 150 best lie in more than 100 groups
+    for k in (25, 26, 150):
+        values, index = row_topk(wide, k)
+        assert torch.equal(values, wide.topk(k, dim=1).values) and torch.equal(index, wide.topk(k, dim=1).indices)
+
+
+# ----------------------------------------------------------------------------- sampling: the draws themselves
+
+
+def plain_sample(table, seed, i, j, limit, T, top_k):
+    """Sample j of sentence i, no tensors but its generator (seeded by seed * 1_000_003 + i * 1_009 + j, one
+    uniform draw per step): the table's probabilities to the power 1/T, the top_k most probable kept and
+    renormalised, the token the draw falls on in vocabulary order. Returns (tokens, log-probability)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1_009 + j)
+    out, score = [], 0.0
+    while len(out) < limit:
+        probs = {t: p ** (1 / T) for t, p in table.get(tuple(out), {EOS: 1.0}).items()}
+        if top_k:
+            probs = dict(sorted(probs.items(), key=lambda tp: -tp[1])[:top_k])
+        total = sum(probs.values())
+        u, acc = float(torch.rand((), generator=g)), 0.0
+        for tok in sorted(probs):
+            acc += probs[tok] / total
+            if acc >= u:
+                break
+        score += math.log(probs[tok] / total)
+        if tok == EOS:
+            break
+        out.append(tok)
+    return out, score
+
+
+@pytest.mark.parametrize("T, top_k", [(1.0, 0), (0.7, 2)])
+def test_samples_are_the_plain_draws_of_their_seeded_generators(T, top_k):
+    """Reproducible: a seed gives the same samples in every version; each (seed, sentence id, sample) its own
+    generator. Oracle: the plain sampler above; samples come back in the order they end."""
+    ids, n, seed, limit, seen = [7, 0, 3], 4, 11, 5, []
+    tables = [random_table(30 + s) for s in range(3)]
+    step = tables_step(tables, shared=False)
+
+    def counting(prev, cache):
+        seen.append(prev.shape[0])
+        return step(prev, cache)
+
+    got = sample(counting, cache_of([0, 1, 2]), BOS, EOS, torch.full((3,), limit), ids, n=n, temperature=T,
+                 top_k=top_k, seed=seed)
+    ends = []  # the step at which each sample ends: a finished sample computes no more rows
+    for s, i in enumerate(ids):
+        want = [plain_sample(tables[s], seed, i, j, limit, T, top_k) for j in range(n)]
+        order = sorted(range(n), key=lambda j: len(want[j][0]) + (len(want[j][0]) < limit))  # stable: by end
+        assert got.tokens[s] == [want[j][0] for j in order]
+        assert got.scores[s] == pytest.approx([want[j][1] for j in order], abs=1e-5)
+        ends += [len(toks) + (len(toks) < limit) for toks, _ in want]
+    assert seen == [sum(e >= t for e in ends) for t in range(1, max(ends) + 1)]
+    assert min(ends) < limit  # some samples end early
+
+
+def test_greedy_drops_finished_rows_once_an_eighth_of_the_batch_has_finished():
+    """Sentence r (of 17) ends at step r + 1 (r tokens, then </s>). The rows the step function sees follow the
+    documented rule, written out: finished rows are carried until they are at least an eighth of the rows (or
+    all of them), then all leave together; the outputs are unchanged."""
+    B, seen = 17, []
+
+    def step(prev, cache):
+        seen.append(prev.shape[0])
+        t, rows = cache["hyp.t"], cache["hyp.row"]
+        logits = torch.zeros(prev.shape[0], V, device=prev.device)
+        logits[:, 4] = 1.0
+        logits[:, EOS] = torch.where(rows <= t, 2.0, 0.0)  # row r prefers </s> from its (r+1)-th step
+        return logits, TensorCache({"hyp.t": t + 1, "hyp.row": rows})
+
+    cache = TensorCache({"hyp.t": torch.zeros(B, dtype=torch.long), "hyp.row": torch.arange(B)})
+    got = greedy_search(step, cache, BOS, EOS, torch.full((B,), 20))
+    assert got.tokens == [[4] * r for r in range(B)]
+    want, rows, done, t = [], B, 0, 0  # rows in the batch, finished rows among them
+    while rows:
+        want.append(rows)
+        t += 1
+        done += 1 if t - 1 < B else 0  # sentence t-1 ends at step t
+        if done * 8 >= rows or done == rows:
+            rows, done = rows - done, 0
+    assert seen == want
+
+
+@pytest.mark.parametrize("finish, alpha", [("all", 0.0), ("top_k", 0.0), ("top_k", 1.0)])
+def test_beam_stops_when_the_best_live_hypothesis_only_ties_the_finished_one(finish, alpha):
+    """</s> and 4 are equally likely at the root: the live "4" can at best tie the finished "" (alpha = 0), and
+    a tie does not beat it, so the sentence is done after one step, with "". With alpha = 1 it could still
+    win by growing longer (the exact rule goes on) but top_k's rule compares it at its current length: a tie,
+    done too."""
+    table = {(): {EOS: 0.5, 4: 0.5}, (4,): {EOS: 0.5, 5: 0.5}}
+    want, steps = plain_beam(table, 1, alpha, 4, finish, 1)
+    assert steps == 1 and want == [(math.log(0.5), [])]
+    calls = []
+
+    def counting(prev, cache):
+        calls.append(prev.shape[0])
+        return tables_step([table])(prev, cache)
+
+    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([4]), 1, alpha, finish=finish)
+    assert got == ([[[]]], [[pytest.approx(math.log(0.5))]]) and calls == [1]
+
+
+def test_beam_stops_before_its_last_step_when_even_the_longest_ending_cannot_win():
+    """"all", alpha 1, limit 3. After step 2 the finished "" scores -0.7 and the live "4 5" has -1.0, which at
+    best ends at the limit: -1.0 / ((5 + 3) / 6) = -0.75 <= -0.7, so the third step is never taken (after
+    step 1, the live "4" could still have reached -0.514: it goes on)."""
+    a = math.exp(-0.7)
+    d = math.exp(-1.0) / (1 - a)
+    table = {(): {EOS: a, 4: 1 - a}, (4,): {EOS: 1 - d, 5: d}}
+    want, steps = plain_beam(table, 1, 1.0, 3, "all", 1)
+    assert steps == 2 and want == [(pytest.approx(-0.7), [])]
+    calls = []
+
+    def counting(prev, cache):
+        calls.append(prev.shape[0])
+        return tables_step([table])(prev, cache)
+
+    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([3]), 1, 1.0, finish="all")
+    assert got == ([[[]]], [[pytest.approx(-0.7, abs=1e-6)]]) and calls == [1, 1]
+
+
+def test_tensor_cache_reorders_hypothesis_entries_and_sentence_entries_only_when_asked():
+    """Oracle: indexing by hand. "hyp.*" entries follow the hypothesis rows, the others the sentence rows,
+    and stay as they are (the same tensor) when no sentence rows are given."""
+    hyp, sent = torch.arange(12).reshape(6, 2), torch.tensor([10, 20, 30])
+    cache = TensorCache({"hyp.h": hyp, "enc": sent})
+    rows = torch.tensor([5, 0, 0, 3])
+    same = cache.reorder(rows)
+    assert torch.equal(same["hyp.h"], hyp[[5, 0, 0, 3]]) and same["enc"] is sent
+    both = cache.reorder(rows, torch.tensor([2, 0]))
+    assert torch.equal(both["hyp.h"], hyp[[5, 0, 0, 3]]) and both["enc"].tolist() == [30, 10]
+    picked = select_rows(cache, torch.tensor([1, 1]))  # rows of both kinds alike
+    assert picked["hyp.h"].tolist() == [[2, 3], [2, 3]] and picked["enc"].tolist() == [20, 20]
+
+
+def test_greedy_scores_are_the_float64_sums_of_the_float32_log_probabilities():
+    """Oracle: torch's log_softmax of each step's logits (float32), each value taken as a Python float and
+    summed in order: exactly, not within float32 (long outputs would drift)."""
+    class Always(dict):  # the same next-token probabilities after any history: 4 4 4 ... to the limit
+        def get(self, history, default=None):
+            return {4: 0.5, 5: 0.28, 6: 0.12, EOS: 0.1}
+
+    table = Always()
+    step = tables_step([table])
+    got = greedy_search(step, cache_of([0]), BOS, EOS, torch.tensor([40]))
+    toks = got.tokens[0]
+    assert toks == [4] * 40
+    want, hist = 0.0, []
+    for tok in toks:
+        row = [-1e9] * V
+        for t, p in table.get(tuple(hist), {EOS: 1.0}).items():
+            row[t] = math.log(p)
+        want += float(torch.log_softmax(torch.tensor(row), -1)[tok])
+        hist.append(tok)
+    assert got.scores[0] == want
