@@ -62,7 +62,7 @@ TARGETS = [
            ("tests/test_search.py", "tests/test_decode.py", "tests/test_beam.py", "tests/test_decode_kernels.py",
             "tests/test_prefix.py")),
     Target("act", ("tformer/model/act.py",),
-           ("tests/test_universal.py", "tests/test_universal_graph.py")),
+           ("tests/test_act.py", "tests/test_universal.py", "tests/test_universal_graph.py")),
     Target("loss", ("tformer/training/loss.py",),
            ("tests/test_loss_schedule.py",
             "tests/test_speech_frontend.py::test_ctc_loss_equals_the_forward_recursion_over_each_utterance")),
@@ -79,6 +79,7 @@ TARGETS = [
             "tests/test_wmt14.py")),
 ]
 KILLED = {"killed", "timeout"}
+TIMEOUT_MULTIPLIER = 60  # mutmut's default is 15
 
 
 def toml_list(items) -> str:
@@ -94,9 +95,13 @@ def sandbox(target: Target) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for part in ("tformer", "tests"):
         shutil.copytree(ROOT / part, work / part, ignore=ignore)
+    write_pyproject(work, target)
+    return work
+
+
+def write_pyproject(work: Path, target: Target) -> None:
     missing = [t for t in target.tests if not (ROOT / t.split("::")[0]).exists()]
     assert not missing, f"{target.name}: no such test file {missing}"
-    tests = target.tests
     pyproject = (ROOT / "pyproject.toml").read_text()
     pyproject = re.sub(r"(?m)^addopts = .*$", "", pyproject)  # xdist's --dist has no place inside mutmut
     pyproject += (
@@ -104,12 +109,14 @@ def sandbox(target: Target) -> Path:
         'source_paths = ["tformer"]\n'
         f"only_mutate = {toml_list(target.mutate)}\n"
         'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]\n'
-        f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
+        f"pytest_add_cli_args_test_selection = {toml_list(target.tests)}\n"
         'process_isolation = "forkserver"\n'
         "use_git_change_detection = false\n"
+        # a mutant that makes the tests hang is killed by timing out; the bound is generous (TIMEOUT_MULTIPLIER
+        # times the tests' own time, wall clock) so that a loaded machine does not pass slowness off as a kill
+        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
     )
     (work / "pyproject.toml").write_text(pyproject)
-    return work
 
 
 def mutmut(work: Path, *args: str, log=None) -> str:
@@ -148,14 +155,15 @@ def results(work: Path) -> dict[str, str]:
 
 def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bool, report_only: bool) -> dict:
     """Mutate and test one target. With `again`, keep the last run's verdicts and run only the mutants it did not
-    kill, against the tests as they are now (tests are only ever added or strengthened, so a killed mutant stays
-    killed)."""
+    kill (or killed by timing out), against the tests as they are now (tests are only ever added or
+    strengthened, so a killed mutant stays killed)."""
     work = WORK / target.name
     names: list[str] = []
     if report_only:
         pass
     elif again and (work / "mutants").exists():
-        names = [n for n, status in results(work).items() if status not in KILLED]
+        names = [n for n, status in results(work).items() if status != "killed"]  # timeouts are tried again
+        write_pyproject(work, target)
         for part in ("tests", "mutants/tests"):
             shutil.rmtree(work / part)
             shutil.copytree(ROOT / "tests", work / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
