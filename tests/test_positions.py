@@ -53,14 +53,20 @@ def test_sinusoidal_table_is_the_formula_at_far_positions(layout, d_model):
     torch.testing.assert_close(table[FAR].double(), want, rtol=0, atol=1e-6)
 
 
-def test_sinusoidal_table_is_float32_whatever_the_default_dtype():
+@pytest.mark.parametrize("default", [torch.float64, torch.bfloat16])
+def test_sinusoidal_table_is_float32_whatever_the_default_dtype(default):
+    """A program that sets another default dtype (float64 for a check, bfloat16 to save memory) still gets the
+    float32 table, accurate to float32."""
     old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+    torch.set_default_dtype(default)
     try:
-        table = sinusoidal_table(5, 6)
+        tables = {layout: sinusoidal_table(1001, 6, layout) for layout in ("interleaved", "halves", "marian")}
     finally:
         torch.set_default_dtype(old)
-    assert table.dtype == torch.float32
+    for layout, table in tables.items():
+        assert table.dtype == torch.float32
+        want = torch.tensor([sinusoid_by_hand(p, 6, layout) for p in (0, 3, 1000)], dtype=torch.float64)
+        torch.testing.assert_close(table[[0, 3, 1000]].double(), want, rtol=0, atol=1e-6)
 
 
 def test_unknown_sinusoid_layout_names_the_choices():
@@ -70,19 +76,20 @@ def test_unknown_sinusoid_layout_names_the_choices():
 
 @pytest.mark.parametrize("layout", ["interleaved", "halves", "marian"])
 def test_sinusoidal_positions_grow_past_their_table_by_the_formula(layout):
-    """A table of 4 rows asked for rows 3 .. 9, then 20 .. 99 (past twice its size), then packed positions past
-    it: every row is the formula's for its layout."""
-    pos = SinusoidalPositions(6, initial_length=4, layout=layout)
+    """A table of 4 rows asked for rows 3 .. 5, then 3 .. 12, then 20 .. 99 (past twice its size), then packed
+    positions past it: every row is the formula's for its layout."""
+    pos = SinusoidalPositions(10, initial_length=4, layout=layout)
 
     def want(positions):
-        return torch.tensor([sinusoid_by_hand(p, 6, layout) for p in positions], dtype=torch.float64)
+        return torch.tensor([sinusoid_by_hand(p, 10, layout) for p in positions], dtype=torch.float64)
 
-    torch.testing.assert_close(pos(7, offset=3).double(), want(range(3, 10)), rtol=0, atol=1e-6)
+    torch.testing.assert_close(pos(3, offset=3).double(), want(range(3, 6)), rtol=0, atol=1e-6)
+    torch.testing.assert_close(pos(10, offset=3).double(), want(range(3, 13)), rtol=0, atol=1e-6)
     torch.testing.assert_close(pos(80, offset=20).double(), want(range(20, 100)), rtol=0, atol=1e-6)
     index = torch.tensor([5, 0, 250, 250, 17])
     torch.testing.assert_close(pos.at(index).double(), want(index.tolist()), rtol=0, atol=1e-6)
-    assert pos.at(torch.tensor([], dtype=torch.long)).shape == (0, 6)  # no positions, no rows
-    assert pos.at(torch.tensor([[1, 2], [3, 300]])).shape == (2, 2, 6)
+    assert pos.at(torch.tensor([], dtype=torch.long)).shape == (0, 10)  # no positions, no rows
+    assert pos.at(torch.tensor([[1, 2], [3, 300]])).shape == (2, 2, 10)
 
 
 def test_sinusoidal_positions_default_to_the_papers_layout():
@@ -333,6 +340,22 @@ def test_rotary_at_other_positions_stays_on_its_device():
 
 
 # ------------------------------------------------------------------------------------------ randomised positions
+
+
+@pytest.mark.parametrize("draw", ["sorted", "shift"])
+def test_random_positions_depend_on_their_key_alone(draw):
+    """The same key draws the same positions whatever the global random state (a resumed run, other code
+    drawing numbers in between); another key draws others."""
+    draws = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        torch.rand(7)
+        rp = RandomPositions(200, 3, 9, 0, 1, draw=draw)
+        draws.append([rp(12) for _ in range(3)])
+    for a, b in zip(*draws):
+        assert torch.equal(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(draws[0], draws[0][1:]))  # successive batches differ
+    assert not torch.equal(RandomPositions(200, 3, 10, 0, 1, draw=draw)(12), draws[0][0])
 
 
 @pytest.mark.parametrize("draw", ["sorted", "shift"])
