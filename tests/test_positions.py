@@ -83,6 +83,7 @@ def test_sinusoidal_positions_grow_past_their_table_by_the_formula(layout):
     def want(positions):
         return torch.tensor([sinusoid_by_hand(p, 10, layout) for p in positions], dtype=torch.float64)
 
+    torch.testing.assert_close(pos(4).double(), want(range(4)), rtol=0, atol=1e-6)  # the initial table
     torch.testing.assert_close(pos(3, offset=3).double(), want(range(3, 6)), rtol=0, atol=1e-6)
     torch.testing.assert_close(pos(10, offset=3).double(), want(range(3, 13)), rtol=0, atol=1e-6)
     torch.testing.assert_close(pos(80, offset=20).double(), want(range(20, 100)), rtol=0, atol=1e-6)
@@ -90,11 +91,14 @@ def test_sinusoidal_positions_grow_past_their_table_by_the_formula(layout):
     torch.testing.assert_close(pos.at(index).double(), want(index.tolist()), rtol=0, atol=1e-6)
     assert pos.at(torch.tensor([], dtype=torch.long)).shape == (0, 10)  # no positions, no rows
     assert pos.at(torch.tensor([[1, 2], [3, 300]])).shape == (2, 2, 10)
+    empty = SinusoidalPositions(10, initial_length=0, layout=layout)  # no rows until asked
+    torch.testing.assert_close(empty(3).double(), want(range(3)), rtol=0, atol=1e-6)
 
 
 def test_sinusoidal_positions_default_to_the_papers_layout():
     pos = SinusoidalPositions(6)
     want = torch.tensor([sinusoid_by_hand(p, 6, "interleaved") for p in range(5)], dtype=torch.float64)
+    torch.testing.assert_close(sinusoidal_table(5, 6).double(), want, rtol=0, atol=1e-6)
     torch.testing.assert_close(pos(5).double(), want, rtol=0, atol=1e-6)
     built = build_positions("sinusoidal", 6, 16)
     torch.testing.assert_close(built(5).double(), want, rtol=0, atol=1e-6)
