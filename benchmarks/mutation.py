@@ -53,7 +53,7 @@ TARGETS = [
            ("tests/test_masks.py", "tests/test_attention.py", "tests/test_graph.py", "tests/test_model.py",
             "tests/test_tupe.py", "tests/test_universal_graph.py")),
     Target("positions", ("tformer/positions.py",),
-           ("tests/test_position_schemes.py", "tests/test_tupe.py", "tests/test_model.py",
+           ("tests/test_positions.py", "tests/test_position_schemes.py", "tests/test_tupe.py", "tests/test_model.py",
             "tests/test_import_marian.py")),
     Target("attention", ("tformer/attention/*",),
            ("tests/test_attention_kernels.py", "tests/test_attention.py", "tests/test_decode_kernels.py",
