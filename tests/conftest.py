@@ -98,6 +98,18 @@ def assert_kernels_and_batching_agree(dense, build) -> None:
         torch.testing.assert_close(alone, want, rtol=1e-5, atol=2e-5)
 
 
+def greedy_batch_ends(sizes: list[int], max_tokens: int, max_sentences: int) -> list[int]:
+    """Token-budget batch ends by the plain loop, the oracle of BatchPlan: take the next example while
+    count x longest stays within the budget (and the count within `max_sentences`, 0 = no cap)."""
+    ends, count, longest = [], 0, 0
+    for i, s in enumerate(sizes):
+        if count and (max(longest, s) * (count + 1) > max_tokens or (max_sentences and count >= max_sentences)):
+            ends.append(i)
+            count, longest = 0, 0
+        count, longest = count + 1, max(longest, s)
+    return ends + [len(sizes)] if sizes else []
+
+
 def assert_follows_input_device(fn, *args, **kwargs):
     """`fn` puts every tensor it makes on its inputs' device: called on CPU inputs while the default device is
     'meta', it must give the CPU result. A tensor made without `device=` lands on meta and mixing it with the

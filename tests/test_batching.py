@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_follows_input_device
+from conftest import assert_follows_input_device, greedy_batch_ends
 from torch.nn.utils.rnn import pad_sequence
 
 from tformer.data.batching import (
@@ -24,21 +24,10 @@ from tformer.errors import ConfigError
 # ------------------------------------------------------------------------------------------ oracles
 
 
-def _greedy_ends(sizes: list[int], max_tokens: int, max_sentences: int) -> list[int]:
-    """Batch ends by the plain loop: take the next example while count x longest stays within the budget."""
-    ends, count, longest = [], 0, 0
-    for i, s in enumerate(sizes):
-        if count and (max(longest, s) * (count + 1) > max_tokens or (max_sentences and count >= max_sentences)):
-            ends.append(i)
-            count, longest = 0, 0
-        count, longest = count + 1, max(longest, s)
-    return ends + [len(sizes)] if sizes else []
-
-
 def _unshuffled(src: list[int], tgt: list[int], max_tokens: int, max_sentences: int = 0) -> list[list[int]]:
     """Indices stably sorted by (source, target) length, cut where the greedy loop cuts."""
     order = sorted(range(len(src)), key=lambda i: (src[i], tgt[i]))
-    ends = _greedy_ends([max(src[i], tgt[i]) for i in order], max_tokens, max_sentences)
+    ends = greedy_batch_ends([max(src[i], tgt[i]) for i in order], max_tokens, max_sentences)
     return [order[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 

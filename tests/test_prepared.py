@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from conftest import small_multi30k
+from conftest import greedy_batch_ends, small_multi30k
 from tformer.config import DataConfig
 from tformer.data import load_task
 from tformer.data.batching import BatchPlan
@@ -306,17 +306,6 @@ def test_training_on_a_prepared_corpus_killed_and_resumed_equals_a_straight_run(
 # ------------------------------------------------------------------------------------------ batch planning
 
 
-def _greedy(sizes: list[int], max_tokens: int, max_sentences: int) -> list[int]:
-    """Batch ends by the plain loop: add while count x longest stays within the budget."""
-    ends, count, longest = [], 0, 0
-    for i, s in enumerate(sizes):
-        if count and (max(longest, s) * (count + 1) > max_tokens or (max_sentences and count >= max_sentences)):
-            ends.append(i)
-            count, longest = 0, 0
-        count, longest = count + 1, max(longest, s)
-    return ends + [len(sizes)] if sizes else []
-
-
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.tuples(st.integers(1, 200), st.integers(1, 200)), min_size=0, max_size=600),
        extra=st.integers(0, 3000), max_sentences=st.integers(0, 40), seed=st.integers(0, 99), epoch=st.integers(0, 9))
@@ -327,7 +316,7 @@ def test_plan_packs_as_the_plain_greedy_loop_and_shuffles_within_length_buckets(
     max_tokens = max([max(s, t) for s, t in lengths], default=1) + extra
     plan = BatchPlan(src, tgt, max_tokens, max_sentences)
     order = sorted(range(len(lengths)), key=lambda i: (src[i], tgt[i]))
-    assert plan.bounds.tolist() == _greedy([max(src[i], tgt[i]) for i in order], max_tokens, max_sentences)
+    assert plan.bounds.tolist() == greedy_batch_ends([max(src[i], tgt[i]) for i in order], max_tokens, max_sentences)
     a, b = plan.epoch(seed, epoch), plan.epoch(seed, epoch + 1)
     # each batch holds the same length profile every epoch (the packing is the lengths'), members may move
     profile = sorted(sorted((src[i], tgt[i]) for i in batch) for batch in a)
