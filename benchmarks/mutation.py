@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -153,16 +154,22 @@ def results(work: Path) -> dict[str, str]:
     return statuses
 
 
-def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bool, report_only: bool) -> dict:
+def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bool, report_only: bool,
+               sample: int) -> dict:
     """Mutate and test one target. With `again`, keep the last run's verdicts and run only the mutants it did not
     kill (or killed by timing out), against the tests as they are now (tests are only ever added or
-    strengthened, so a killed mutant stays killed)."""
+    strengthened, so a killed mutant stays killed). With `sample` (and `again`, or `report_only`), only a
+    uniform random sample of that many mutants (seed 0) is run and scored."""
     work = WORK / target.name
     names: list[str] = []
+    chosen = None
+    if sample and (work / "mutants").exists():
+        chosen = set(random.Random(0).sample(sorted(results(work)), min(sample, len(results(work)))))
     if report_only:
         pass
     elif again and (work / "mutants").exists():
-        names = [n for n, status in results(work).items() if status != "killed"]  # timeouts are tried again
+        names = [n for n, status in results(work).items()  # timeouts are tried again
+                 if status != "killed" and (chosen is None or n in chosen)]
         write_pyproject(work, target)
         for part in ("tests", "mutants/tests"):
             shutil.rmtree(work / part)
@@ -175,6 +182,9 @@ def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bo
             mutmut(work, "run", "--max-children", str(jobs), *names, log=log)
     seconds = time.perf_counter() - tic
     statuses = results(work)
+    total = len(statuses)
+    if chosen is not None:
+        statuses = {n: s for n, s in statuses.items() if n in chosen}
     counts = {"mutants": len(statuses), "killed": 0, "timeout": 0, "equivalent": 0, "survived": 0, "no tests": 0,
               "stale": 0}
     survivors = []
@@ -199,6 +209,10 @@ def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bo
     live = counts["mutants"] - counts["equivalent"]
     counts["score"] = counts["killed"] / live if live else 1.0
     counts["minutes"] = "-" if report_only else f"{seconds / 60:.1f}"
+    counts["sampled"] = f"{len(statuses)} of {total}" if chosen is not None else str(total)
+    # a 95% interval for the score when it is estimated from a sample (normal approximation)
+    counts["margin"] = (1.96 * (counts["score"] * (1 - counts["score"]) / live) ** 0.5
+                        if chosen is not None and live else 0.0)
     return counts
 
 
@@ -209,6 +223,8 @@ def main() -> None:
     ap.add_argument("--again", action="store_true",
                     help="rerun only the mutants the last run of each module did not kill, with the current tests")
     ap.add_argument("--report", action="store_true", help="run nothing: tabulate the last runs' verdicts")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="with --again or --report: run and score a uniform random sample of N mutants (seed 0)")
     ap.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
     by_name = {t.name: t for t in TARGETS}
@@ -220,9 +236,10 @@ def main() -> None:
     table = ["| module | files | mutants | killed (of which timed out) | equivalent | survived | no test reaches | score "
              "| minutes |", "|---|---|---|---|---|---|---|---|---|"]
     for target in targets:
-        c = run_target(target, args.jobs, equivalent, args.again, args.report)
-        table.append(f"| {target.name} | {', '.join(target.mutate)} | {c['mutants']} | {c['killed']} ({c['timeout']}) | "
-                     f"{c['equivalent']} | {c['survived']} | {c['no tests']} | {100 * c['score']:.1f}% | "
+        c = run_target(target, args.jobs, equivalent, args.again, args.report, args.sample)
+        table.append(f"| {target.name} | {', '.join(target.mutate)} | {c['sampled']} | {c['killed']} ({c['timeout']}) | "
+                     f"{c['equivalent']} | {c['survived']} | {c['no tests']} | {100 * c['score']:.1f}%"
+                     + (f" ± {100 * c['margin']:.1f}" if c["margin"] else "") + " | "
                      f"{c['minutes']} |")
         print(table[-1] + (f"  ({c['stale']} stale equivalence entries)" if c["stale"] else ""), flush=True)
     notes = ("Score: (killed + timed out) / (mutants - equivalent); a mutant no selected test reaches counts as "
