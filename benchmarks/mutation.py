@@ -186,9 +186,12 @@ def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bo
     if chosen is not None:
         statuses = {n: s for n, s in statuses.items() if n in chosen}
     counts = {"mutants": len(statuses), "killed": 0, "timeout": 0, "equivalent": 0, "survived": 0, "no tests": 0,
-              "stale": 0}
+              "stale": 0, "not run": 0}
     survivors = []
     for name, status in sorted(statuses.items()):
+        if status == "not checked":  # the run was stopped before it reached this one: left out of the score
+            counts["not run"] += 1
+            continue
         if status in KILLED:
             counts["killed"] += 1
             counts["timeout"] += status == "timeout"
@@ -206,10 +209,11 @@ def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bo
                          f"```diff\n{diff.strip()}\n```\n")
     (work / "survivors.md").write_text(f"# {target.name}: {len(survivors)} surviving mutants\n\n"
                                        + "\n".join(survivors))
-    live = counts["mutants"] - counts["equivalent"]
+    live = counts["mutants"] - counts["not run"] - counts["equivalent"]
     counts["score"] = counts["killed"] / live if live else 1.0
     counts["minutes"] = "-" if report_only else f"{seconds / 60:.1f}"
-    counts["sampled"] = f"{len(statuses)} of {total}" if chosen is not None else str(total)
+    run = len(statuses) - counts["not run"]
+    counts["sampled"] = (f"{run} of {total}" if run < total else str(total)) + (" (sample)" if chosen else "")
     # a 95% interval for the score when it is estimated from a sample (normal approximation)
     counts["margin"] = (1.96 * (counts["score"] * (1 - counts["score"]) / live) ** 0.5
                         if chosen is not None and live else 0.0)
