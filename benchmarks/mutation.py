@@ -164,7 +164,8 @@ def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bo
     names: list[str] = []
     chosen = None
     if sample and (work / "mutants").exists():
-        chosen = set(random.Random(0).sample(sorted(results(work)), min(sample, len(results(work)))))
+        every = sorted(results(work))
+        chosen = set(random.Random(0).sample(every, min(sample, len(every))))
     if report_only:
         pass
     elif again and (work / "mutants").exists():
