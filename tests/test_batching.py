@@ -282,3 +282,14 @@ def test_batch_to_moves_every_tensor_and_keeps_the_indices():
     for name in ("src", "src_lengths", "tgt_in", "tgt_out", "tgt_lengths"):
         before, after = getattr(b, name), getattr(moved, name)
         assert after.device.type == "meta" and after.shape == before.shape and after.dtype == before.dtype, name
+
+
+def test_plans_index_examples_in_int32_while_every_position_fits_it():
+    """Positions 0 .. n-1 fit int32 while n - 1 <= its largest value; one example more and they need int64."""
+    from tformer.data.batching import index_dtype
+
+    top = int(np.iinfo(np.int32).max)
+    for n in (0, 1, 500, top, top + 1):
+        assert index_dtype(n) is np.int32
+    for n in (top + 2, 2**32, 3**31):
+        assert index_dtype(n) is np.int64

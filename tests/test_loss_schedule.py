@@ -119,7 +119,10 @@ def test_chunked_generator_loss_equals_the_explicit_formula_and_its_autograd(mon
     with torch.no_grad():  # evaluation builds the logits whole: same numbers
         plain = loss_mod.generator_loss(hidden, gen, target, eps, PAD)
     torch.testing.assert_close(plain.loss, want_loss)
-    assert int(plain.correct) == int(got.correct)
+    torch.testing.assert_close(plain.nll, want_nll)
+    assert int(plain.n_tokens) == 9 and int(plain.correct) == int(got.correct)
+    # the chunked backward computes the loss's gradient only: its nll must not offer one (it would be the loss's)
+    assert got.loss.requires_grad and not got.nll.requires_grad
 
 
 @pytest.mark.parametrize("step", [1, 3, 100, 250, 4000])
@@ -207,3 +210,43 @@ def test_losses_follow_their_inputs_device(monkeypatch):
     assert_follows_input_device(smoothed, logits)
     with torch.no_grad():  # evaluation: the logits built whole
         assert_follows_input_device(lambda: loss_mod.generator_loss(hidden, gen, target, 0.1, PAD)[:3])
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_label_smoothing_needs_three_classes_and_says_so(grad):
+    """eps / (V - 2) needs a class that is neither the target nor <pad>: a vocabulary of 2 is refused, on the
+    logits and through the generator (chunked with gradients, whole without); 3 is the smallest one smoothed,
+    its loss the explicit distribution's. Two positions, so that the row count is not the vocabulary."""
+    import tformer.training.loss as loss_mod
+
+    torch.manual_seed(0)
+    for V in (2, 3):
+        gen = torch.nn.Linear(4, V).double()
+        hidden = torch.randn(2, 4, dtype=torch.double, requires_grad=grad)
+        target = torch.tensor([1, V - 1])
+        with torch.set_grad_enabled(grad):
+            if V == 2:
+                for call in (lambda: label_smoothed_nll_loss(gen(hidden), target, 0.1, PAD),
+                             lambda: loss_mod.generator_loss(hidden, gen, target, 0.1, PAD)):
+                    with pytest.raises(ValueError, match="label smoothing needs a vocabulary of more than 2 entries, got 2"):
+                        call()
+                continue
+            want = -(smoothed_targets(target, V, 0.1, PAD).double() * torch.log_softmax(gen(hidden), -1)).sum()
+            torch.testing.assert_close(label_smoothed_nll_loss(gen(hidden), target, 0.1, PAD).loss, want)
+            torch.testing.assert_close(loss_mod.generator_loss(hidden, gen, target, 0.1, PAD).loss, want)
+
+
+def test_a_bfloat16_generator_without_autocast_computes_its_loss_in_float32():
+    """A model cast to bfloat16 and trained without autocast: the logits are built whole in bfloat16 and the loss
+    taken in float32 (the chunked path sums in the hidden states' dtype, so it is kept to float32/float64)."""
+    import tformer.training.loss as loss_mod
+
+    torch.manual_seed(0)
+    gen = torch.nn.Linear(16, 50).bfloat16()
+    hidden = torch.randn(40, 16).bfloat16().requires_grad_()
+    target = torch.randint(1, 50, (40,))
+    got = loss_mod.generator_loss(hidden, gen, target, 0.1, PAD)
+    want = label_smoothed_nll_loss(gen(hidden), target, 0.1, PAD)
+    assert got.loss.dtype == got.nll.dtype == torch.float32
+    torch.testing.assert_close(got.loss, want.loss)
+    torch.testing.assert_close(got.nll, want.nll)

@@ -138,3 +138,56 @@ def test_each_position_bias_is_gathered_for_its_own_table():
     assert a.per_edge(g)[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert b.per_edge(g)[:, 0].tolist() == [0.0, -1.0, -2.0, -3.0]  # not a's, cached on the same graph
     assert a.per_edge(g) is a.per_edge(g)
+
+
+def kept_edges_oracle(parent: Graph, q_start: list[int], k_start: list[int], rows: list[int]):
+    """The parent's edges whose query is in `rows`, queries renumbered by their rank in `rows`, with each edge's
+    query and key position inside its sentence: (query, key, query position, key position) tuples, sorted."""
+    query, key = parent.edges
+    sentence = lambda node, starts: max(i for i, s in enumerate(starts) if s <= node)  # noqa: E731
+    out = []
+    for q, k in zip(query.tolist(), key.tolist()):
+        if q in rows:
+            b = sentence(q, q_start)
+            out.append((rows.index(q), k, q - q_start[b], k - k_start[sentence(k, k_start)]))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("q_len, k_len, kept, stays_segments", [
+    # (kept rows per sentence, key length) shapes: (4, 1) (1, 2) (1, 3) (2, 2) -- exactly RESTRICTED_SHAPES
+    ([4, 1, 2, 3], [1, 2, 3, 2], [4, 1, 1, 2], True),
+    # the same, and a sentence none of whose rows is kept: its key length is no shape of the restriction
+    ([4, 1, 2, 3, 1], [1, 2, 3, 2, 5], [4, 1, 1, 2, 0], True),
+    # five shapes: (5, 1) (1, 2) (1, 3) (2, 2) (3, 3) -- an edge list
+    ([5, 1, 2, 3, 3], [1, 2, 3, 2, 3], [5, 1, 1, 2, 3], False),
+])
+def test_restrict_stays_segments_up_to_restricted_shapes_and_keeps_the_edges_of_the_kept_queries(
+        q_len, k_len, kept, stays_segments):
+    """What restrict documents: a graph of full segments stays segments while the kept rows come in at most
+    RESTRICTED_SHAPES (rows kept, key length) shapes over the sentences that keep any, else an edge list; either
+    way, exactly the parent's edges of the kept queries, with their positions inside the sentences."""
+    from tformer.masks import RESTRICTED_SHAPES, bipartite_graph
+    assert RESTRICTED_SHAPES == 4  # the cases above are written around it
+    q_start = [sum(q_len[:i]) for i in range(len(q_len))]
+    k_start = [sum(k_len[:i]) for i in range(len(k_len))]
+    rows = [q_start[b] + i for b in range(len(q_len)) for i in range(q_len[b] - kept[b], q_len[b])]  # the last ones
+    parent = bipartite_graph(torch.tensor(q_len), torch.tensor(k_len))
+    child = parent.restrict(torch.tensor(rows))
+    assert (child.segments is not None) == stays_segments
+    if stays_segments:
+        assert child.segments.q_len.tolist() == kept and child.segments.k_len.tolist() == k_len
+    query, key = child.edges
+    pq, pk = child.local_positions()
+    got = sorted(zip(query.tolist(), key.tolist(), pq.tolist(), pk.tolist()))
+    assert got == kept_edges_oracle(parent, q_start, k_start, rows)
+    assert child.dense().tolist() == parent.dense()[torch.tensor(rows)].tolist()
+
+
+def test_key_rows_are_the_keys_some_edge_reads():
+    """Keys no edge reads are left out: a sentence without queries, and keys a pattern never pairs."""
+    lengths = torch.tensor([2, 0, 3])
+    full = Segments(torch.tensor([0, 2, 2]), lengths, torch.tensor([0, 2, 2]), torch.tensor([2, 4, 3]))
+    assert Graph(5, 9, segments=full).key_rows().tolist() == [0, 1, 2, 3, 4]  # keys 5-8: nobody asks
+    diagonal = lambda lq, lk: torch.stack([torch.arange(lq)] * 2, 1)  # noqa: E731  query i reads key i only
+    wide = Segments(torch.tensor([0, 2]), torch.tensor([2, 3]), torch.tensor([0, 4]), torch.tensor([4, 5]), diagonal)
+    assert Graph(5, 9, segments=wide).key_rows().tolist() == [0, 1, 4, 5, 6]

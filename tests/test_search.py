@@ -243,6 +243,28 @@ def test_unknown_rules_are_refused_naming_the_choices():
             prefix_table([[4], bad], torch.tensor([4, 4]), BOS, EOS)
 
 
+def test_every_search_refuses_a_prefix_holding_a_special_id():
+    """The prefix check reaches each search with the search's own </s>, not only prefix_table called alone."""
+    step, cache, limit = tables_step(TABLES[:1]), cache_of([0]), torch.tensor([4])
+    for search in (lambda: greedy_search(step, cache, BOS, EOS, limit, prefix=[[4, EOS]]),
+                   lambda: beam_search(step, cache, BOS, EOS, limit, 2, prefix=[[4, EOS]]),
+                   lambda: sample(tables_step(TABLES[:1], shared=False), cache, BOS, EOS, limit, [0],
+                                  prefix=[[4, EOS]])):
+        with pytest.raises(ValueError, match=r"^prefix 0 holds a special or negative id"):
+            search()
+
+
+def test_beam_search_defaults_to_the_configs_length_penalty():
+    """beam_search called without alpha normalises as DecodeConfig's default (GNMT, alpha 0.6) does: the same
+    hypotheses and the same scores, which depend on alpha for every length."""
+    step, cache, limit = tables_step(TABLES[:2]), cache_of([0, 1]), torch.tensor([4, 4])
+    cfg = DecodeConfig()
+    plain = beam_search(step, cache, BOS, EOS, limit, 3, nbest=2)
+    assert plain == beam_search(step, cache, BOS, EOS, limit, 3, cfg.len_penalty, nbest=2,
+                                penalty_rule=cfg.len_penalty_rule)
+    assert plain.scores != beam_search(step, cache, BOS, EOS, limit, 3, cfg.len_penalty + 1.0, nbest=2).scores
+
+
 # ----------------------------------------------------------------------------- `search` hands on every setting
 
 

@@ -245,6 +245,28 @@ def test_ctc_loss_equals_the_forward_recursion_over_each_utterance(attention):
     assert got == pytest.approx(ref, rel=1e-4)
 
 
+def test_a_target_longer_than_its_frames_costs_nothing_in_ctc():
+    """ctc_loss documents it: a target that cannot align with its frames (more labels than frames) costs nothing
+    rather than infinity, so the batch's loss is the other utterances' and every gradient stays finite."""
+    from tformer.training.loss import ctc_loss
+
+    model = frame_model(ctc=True)
+    src, n = torch.randn(2, 40, F), torch.tensor([40, 3])
+    enc = model.encode(src, n)
+    frames = enc.mask.sum(1).tolist()
+    targets = [[5, 6, 7], list(range(4, 12)) * 2]  # 16 labels, past the second utterance's frames
+    assert len(targets[1]) > frames[1]
+    T = max(len(t) for t in targets) + 1
+    tgt_out = torch.zeros(2, T, dtype=torch.long)
+    for b, t in enumerate(targets):
+        tgt_out[b, : len(t) + 1] = torch.tensor(t + [2])
+    loss = ctc_loss(model, enc, tgt_out, torch.tensor([len(t) + 1 for t in targets]))
+    lp = torch.log_softmax(model.ctc(enc.memory[0, : frames[0]]).double(), -1).detach().numpy()
+    assert float(loss.detach()) == pytest.approx(ctc_reference(lp, targets[0]), rel=1e-4)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 def test_ctc_settings_are_checked():
     with pytest.raises(ConfigError, match="model.ctc"):
         Config(model=ModelConfig(ctc=True))

@@ -54,7 +54,7 @@ class BatchPlan:
                 f"example {i} has {int(size[i])} tokens (with <s>/</s>), more than train.max_tokens={max_tokens}; "
                 "raise train.max_tokens or drop over-long examples"
             )
-        self.order = np.lexsort((tgt, src)).astype(np.int32 if len(src) < 2**31 else np.int64)  # stable
+        self.order = np.lexsort((tgt, src)).astype(index_dtype(len(src)))  # stable
         src, tgt, size = src[self.order], tgt[self.order], size[self.order]  # in that order from here on
         changes = (src[1:] != src[:-1]) | (tgt[1:] != tgt[:-1])
         self.buckets = np.flatnonzero(changes) + 1  # starts of equal-(S, T) runs, the first excepted
@@ -81,6 +81,11 @@ class BatchPlan:
         if shuffle:
             batches = [batches[j] for j in rng.permutation(len(batches))]
         return batches
+
+
+def index_dtype(n: int) -> type:
+    """The smallest numpy integer type that indexes `n` examples (positions 0 .. n-1): int32 up to 2**31."""
+    return np.int32 if n <= 2**31 else np.int64
 
 
 def _pack(sizes: np.ndarray, max_tokens: int, max_sentences: int) -> np.ndarray:
