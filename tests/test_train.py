@@ -243,3 +243,27 @@ def test_teacher_forced_scores_in_row_chunks_equal_the_whole_logits(monkeypatch)
     assert got["loss"] == pytest.approx(float(whole.loss) / n, rel=1e-5)
     assert got["nll"] == pytest.approx(float(whole.nll) / n, rel=1e-5)
     assert got["token_acc"] == correct / n
+
+
+def test_reduced_precision_on_a_cpu_warns_only_without_its_units_and_names_them(caplog, monkeypatch):
+    """bf16 needs AVX-512 BF16 or AMX-BF16, fp16 AVX-512 FP16 or AMX-FP16: a CPU with one of them runs
+    autocast without a word; a CPU with none is warned, by flag name. Flags unreadable: no claim either way."""
+    import logging
+
+    import tformer.training.precision as precision
+
+    assert precision.missing_cpu_units("bf16", {"avx2", "avx512f"}) == ("avx512_bf16", "amx_bf16")
+    assert precision.missing_cpu_units("fp16", {"avx2", "avx512_bf16"}) == ("avx512_fp16", "amx_fp16")
+    assert precision.missing_cpu_units("bf16", {"avx512_bf16"}) is None
+    assert precision.missing_cpu_units("bf16", {"amx_bf16"}) is None
+    assert precision.missing_cpu_units("fp16", {"amx_fp16"}) is None
+    assert precision.missing_cpu_units("fp32", set()) is None
+    for flags, warned in (({"avx2", "fma"}, True), ({"avx2", "avx512_bf16"}, False), (None, False)):
+        monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tformer"):
+            precision.Precision("bf16", torch.device("cpu"))
+            precision.Precision("fp32", torch.device("cpu"))
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == warned, messages  # fp32 never warns
+        assert all(m.startswith("train.precision=bf16 on a CPU without avx512_bf16 or amx_bf16:") for m in messages)

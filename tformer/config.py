@@ -291,7 +291,8 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when PyTorch sees a GPU, else cpu
 
     # the forward pass under torch.autocast in this dtype (weights, gradients, optimizer stay float32); fp16 adds
-    # a dynamic gradient scaler, kept in checkpoints. For GPUs: CPUs without bf16/fp16 units run it far slower
+    # a dynamic gradient scaler, kept in checkpoints. On a CPU, bf16 needs AVX-512 BF16 or AMX (Zen 4, Cooper Lake and
+    # later) and fp16 AVX-512 FP16 or AMX-FP16; without them it runs far slower, and training warns
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     attention_examples: int = 0  # record the attention of this many validation examples at every evaluation
     # (RUN_DIR/attention/, animated by `tformer animate`)
