@@ -119,7 +119,7 @@ def test_restricted_graphs_keep_positions_inside_sentences():
 
 def test_local_positions_need_segments():
     g = Graph(2, 2, torch.tensor([0, 1]), torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match="positions inside sentences are known only for graphs built from segments"):
+    with pytest.raises(ValueError, match="^positions inside sentences are known only for graphs built from segments$"):
         g.local_positions()
 
 
@@ -128,7 +128,7 @@ def test_a_graph_needs_one_query_and_one_key_per_edge():
         Graph(2, 2)  # neither edges nor segments
     with pytest.raises(AssertionError):
         Graph(2, 2, query=torch.tensor([0, 1]))  # a query list without keys
-    with pytest.raises(AssertionError, match="one query and one key per edge"):
+    with pytest.raises(AssertionError, match="^one query and one key per edge$"):
         Graph(2, 2, torch.tensor([0, 1]), torch.tensor([0]))
 
 
@@ -160,6 +160,8 @@ def kept_edges_oracle(parent: Graph, q_start: list[int], k_start: list[int], row
     ([4, 1, 2, 3, 1], [1, 2, 3, 2, 5], [4, 1, 1, 2, 0], True),
     # five shapes: (5, 1) (1, 2) (1, 3) (2, 2) (3, 3) -- an edge list
     ([5, 1, 2, 3, 3], [1, 2, 3, 2, 3], [5, 1, 1, 2, 3], False),
+    # five shapes again, two of them (1, 3) and (2, 1): a key length at the largest and one row more at 1
+    ([1, 2, 1, 3, 2], [3, 1, 2, 2, 2], [1, 2, 1, 3, 2], False),
 ])
 def test_restrict_stays_segments_up_to_restricted_shapes_and_keeps_the_edges_of_the_kept_queries(
         q_len, k_len, kept, stays_segments):
@@ -181,6 +183,13 @@ def test_restrict_stays_segments_up_to_restricted_shapes_and_keeps_the_edges_of_
     got = sorted(zip(query.tolist(), key.tolist(), pq.tolist(), pk.tolist()))
     assert got == kept_edges_oracle(parent, q_start, k_start, rows)
     assert child.dense().tolist() == parent.dense()[torch.tensor(rows)].tolist()
+    # a restriction restricted again (a later step of the same search): the parent's edges of the rows left
+    again = list(range(0, len(rows), 2))
+    grandchild = child.restrict(torch.tensor(again))
+    query, key = grandchild.edges
+    pq, pk = grandchild.local_positions()
+    got = sorted(zip(query.tolist(), key.tolist(), pq.tolist(), pk.tolist()))
+    assert got == kept_edges_oracle(parent, q_start, k_start, [rows[i] for i in again])
 
 
 def test_key_rows_are_the_keys_some_edge_reads():

@@ -93,11 +93,12 @@ class Graph:
         of segment b) while they come in at most RESTRICTED_SHAPES shapes (a decoding step's one query per
         hypothesis); otherwise, and for any other graph, an edge list, which the kernel tiles in few calls
         where per-sentence blocks of mixed running counts would make a call per shape. Positions inside
-        sentences are kept for a positional bias."""
+        sentences are kept for a positional bias (a restriction restricted again is an edge list, whose positions
+        are its parent's)."""
         rank = torch.full((self.n_queries,), -1, dtype=torch.long, device=rows.device)
         rank[rows] = torch.arange(rows.numel(), device=rows.device)
         seg = self.segments
-        if seg is not None and seg.pattern is None:
+        if seg is not None and seg.pattern is None and self._local is None:
             owner = torch.searchsorted(seg.q_start + seg.q_len, rows, right=True)  # (R,) segments in order
             counts = torch.bincount(owner, minlength=seg.q_len.numel())  # (B,) kept rows per segment
             live = counts > 0
