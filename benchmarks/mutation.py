@@ -15,7 +15,8 @@ benchmarks/mutation_equivalent.yaml; the score leaves them out. An entry whose l
 mutant of that name is reported as stale and does not count. Survivors are written, with their diffs, to
 build/mutation/<module>/survivors.md.
 
-The score is (killed + timed out) / (mutants - equivalent). A mutant no selected test reaches counts as
+The score is (killed + timed out) / (mutants - equivalent); a mutant whose tests die of a signal (mutmut's
+"segfault") counts as killed, since the tests did not pass. A mutant no selected test reaches counts as
 surviving. This is not part of .ci/run: a full run takes about an hour on this 2-core machine.
 """
 
@@ -80,7 +81,7 @@ TARGETS = [
            ("tests/test_metrics.py", "tests/test_bleu_lowercase.py", "tests/test_translation.py",
             "tests/test_wmt14.py")),
 ]
-KILLED = {"killed", "timeout"}
+KILLED = {"killed", "timeout", "segfault"}  # the tests failed, hung or crashed
 TIMEOUT_MULTIPLIER = 60  # mutmut's default is 15
 
 
@@ -248,8 +249,8 @@ def main() -> None:
                      + (f" ± {100 * c['margin']:.1f}" if c["margin"] else "") + " | "
                      f"{c['minutes']} |")
         print(table[-1] + (f"  ({c['stale']} stale equivalence entries)" if c["stale"] else ""), flush=True)
-    notes = ("Score: (killed + timed out) / (mutants - equivalent); a mutant no selected test reaches counts as "
-             "surviving. Equivalent mutants, each with its reason: benchmarks/mutation_equivalent.yaml. "
+    notes = ("Score: (killed + timed out) / (mutants - equivalent); killed includes mutants whose tests died of a "
+             "signal; a mutant no selected test reaches counts as surviving. Equivalent mutants, each with its reason: benchmarks/mutation_equivalent.yaml. "
              "Survivors with their diffs: build/mutation/<module>/survivors.md. Test selection per module: "
              "TARGETS in benchmarks/mutation.py.")
     report("Mutation testing: the mathematical core, mutmut", table, notes, args.record)
