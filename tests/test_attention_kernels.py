@@ -706,3 +706,16 @@ def test_an_empty_batch_gives_an_empty_output():
     q = torch.randn(1, 2, 0, 4)
     out, _ = graph_attention(q, q, q, mask=bipartite_graph(none, none))
     assert out.shape == (1, 2, 0, 4)
+
+
+@pytest.mark.parametrize("method", METHODS[1:])
+def test_queries_after_the_last_one_with_keys_get_zeros(method):
+    """The last query blocks hold no edge at all (trailing positions that read nothing): their outputs are 0 and
+    the rest equal the dense oracle, on the edge-list methods."""
+    pairs = [(i, j) for i in range(10) for j in range(8) if (i + j) % 3]  # queries 0-9 read keys; 10-39 none
+    graph = _edges(40, 8, pairs)
+    q, k, v = _qkv(1, 40, 8, seed=7)
+    want, _ = _dense_oracle(q, k, v, graph)
+    got, _ = graph_attention(q, k, v, mask=graph, method=method)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert torch.all(got[:, :, 10:] == 0)
