@@ -26,6 +26,7 @@ import argparse
 import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -124,12 +125,23 @@ def write_pyproject(work: Path, target: Target) -> None:
     (work / "pyproject.toml").write_text(pyproject)
 
 
+# Address space of each mutmut process (its forked workers inherit it): a mutant whose loop never ends can grow
+# until it takes the machine's memory (one decode mutant reached 23 GiB of 24); bounded, it fails with a
+# MemoryError, which fails its tests. The tests themselves stay far below it.
+MEMORY_LIMIT = 6 * 2**30
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
 def mutmut(work: Path, *args: str, log=None) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TFORMER_SHARED_DATA=str(SHARED_DATA),
                PYTHONHASHSEED="0")
     exe = [sys.executable, "-m", "mutmut", *args]
     if log is not None:
-        subprocess.run(exe, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(exe, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=True,
+                       preexec_fn=_limit_memory)
         return ""
     return subprocess.run(exe, cwd=work, env=env, capture_output=True, text=True, check=True).stdout
 
