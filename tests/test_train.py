@@ -250,6 +250,7 @@ def test_reduced_precision_on_a_cpu_warns_only_without_its_units_and_names_them(
     autocast without a word; a CPU with none is warned, by flag name. Flags unreadable: no claim either way."""
     import logging
 
+    import tformer.precision as policy
     import tformer.training.precision as precision
 
     assert precision.missing_cpu_units("bf16", {"avx2", "avx512f"}) == ("avx512_bf16", "amx_bf16")
@@ -259,11 +260,11 @@ def test_reduced_precision_on_a_cpu_warns_only_without_its_units_and_names_them(
     assert precision.missing_cpu_units("fp16", {"amx_fp16"}) is None
     assert precision.missing_cpu_units("fp32", set()) is None
     for flags, warned in (({"avx2", "fma"}, True), ({"avx2", "avx512_bf16"}, False), (None, False)):
-        monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+        monkeypatch.setattr(policy, "cpu_flags", lambda: flags)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="tformer"):
             precision.Precision("bf16", torch.device("cpu"))
             precision.Precision("fp32", torch.device("cpu"))
         messages = [r.getMessage() for r in caplog.records]
         assert len(messages) == warned, messages  # fp32 never warns
-        assert all(m.startswith("train.precision=bf16 on a CPU without avx512_bf16 or amx_bf16:") for m in messages)
+        assert all(m.startswith("train.precision=bf16 on cpu: this CPU has no avx512_bf16 or amx_bf16 ") for m in messages)

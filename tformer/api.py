@@ -123,13 +123,13 @@ class Translator:
 
     def decode_settings(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
                         **settings: Any) -> DecodeConfig:
-        """The loaded defaults with these settings (DecodeConfig fields) on top, checked. `quantize` is chosen
-        when the model is loaded (its weights change), so a call may only repeat it."""
-        loaded = self.config.decode.quantize
-        if settings.get("quantize", loaded) != loaded:
-            raise ConfigError(f"config key 'decode.quantize': the model was loaded with quantize={loaded!r}; int8 "
-                              f"is chosen when loading (tformer.load(..., quantize={settings['quantize']!r})), not "
-                              "per call")
+        """The loaded defaults with these settings (DecodeConfig fields) on top, checked. `quantize` and
+        `precision` are chosen when the model is loaded (its weights change), so a call may only repeat them."""
+        for key in ("quantize", "precision"):
+            loaded = getattr(self.config.decode, key)
+            if settings.get(key, loaded) != loaded:
+                raise ConfigError(f"config key 'decode.{key}': the model was loaded with {key}={loaded!r}; it is "
+                                  f"chosen when loading (tformer.load(..., {key}={settings[key]!r})), not per call")
         fields = decode_fields(beam, nbest, batch_size, settings.pop("batch_tokens", None))
         return updated(self.config.decode, "decode", {**settings, **fields})
 

@@ -351,6 +351,9 @@ class DecodeConfig:
     # K of 2K candidates (fairseq, CTranslate2, Marian); all: every finished candidate that could still win, with
     # an exact stop (t5x): outputs the model scores higher, but on Multi30k shorter and up to 12 BLEU lower
     quantize: Literal["none", "int8"] = "none"  # int8: dynamic int8 linear layers (CPU; PyTorch quantization)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # the weights' format when loaded (tformer.precision):
+    # bf16/fp16 need native units (CPU: avx512_bf16 or amx_bf16; GPU: compute capability 8.0+ for bf16);
+    # log-probabilities and scores stay fp32; not with quantize=int8
     beam_size: int = 5  # K: hypotheses kept per sentence (strategy beam)
     len_penalty: float = 0.6  # alpha of the length normalisation (beam); 0 = rank by the plain sum
     len_penalty_rule: Literal["gnmt", "power"] = "gnmt"  # gnmt: logprob / ((5 + length) / 6) ** alpha; power:
@@ -382,6 +385,9 @@ class DecodeConfig:
         _check(self.len_penalty >= 0, "decode.len_penalty", f"must be >= 0, got {self.len_penalty}")
         _check(self.temperature > 0, "decode.temperature", f"must be > 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, "decode.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.precision == "fp32" or self.quantize == "none", "decode.precision",
+               f"{self.precision} with decode.quantize={self.quantize}: int8 layers take fp32 inputs, so the two do "
+               f"not combine; choose one (decode.precision=fp32 with int8, or decode.quantize=none)")
 
 
 SPEECH_TASKS = ("speech", "synthetic_speech")

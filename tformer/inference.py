@@ -175,18 +175,19 @@ def keep_freed_memory() -> bool:
 
 
 def model_from(ckpt: Checkpoint, device: str | torch.device | None = None) -> Transformer:
-    """The checkpoint's model with its weights, in eval mode on `device` (default: the CPU); with
-    decode.quantize=int8, its linear layers dynamic int8 (tformer.model.quantize). Decoding's freed memory is
-    kept for reuse from here on (`keep_freed_memory`)."""
+    """The checkpoint's model with its weights, in eval mode on `device` (default: the CPU), in the format
+    decode.precision and decode.quantize ask for (tformer.precision.for_inference: bf16/fp16 weights, or int8
+    linear layers; a device that cannot run it is a ConfigError). Decoding's freed memory is kept for reuse from
+    here on (`keep_freed_memory`)."""
+    from tformer.precision import check_decode, for_inference
+
+    decode = ckpt.cfg.decode
+    check_decode(decode.precision, decode.quantize, torch.device(device or "cpu"))  # before building anything
     keep_freed_memory()
     model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
     ckpt.load_model_state(model)
     model = model.to(device or "cpu").eval()
-    if ckpt.cfg.decode.quantize == "int8":
-        from tformer.model.quantize import quantize_int8
-
-        quantize_int8(model)
-    return model
+    return for_inference(model, decode.precision, decode.quantize)
 
 
 def load_model(path: str, which: str = "best", overrides: Sequence[str] = (),

@@ -86,7 +86,7 @@ class SinusoidalPositions(nn.Module):
         end = offset + length
         if end > self.table.shape[0]:  # grow (doubling) rather than fail: sinusoids have no limit
             grown = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.d_model, self.layout)
-            self.table = grown.to(self.table.device)
+            self.table = grown.to(self.table.device, self.table.dtype)  # a model in bf16 keeps its table's format
         return self.table[offset:end]  # (L, D)
 
     def at(self, positions: Tensor) -> Tensor:
@@ -263,12 +263,15 @@ def rotary_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tu
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
     """Turn each pair (a, b) of x's last dimension by its angle: (a cos - b sin, a sin + b cos). x (..., L, Dh),
-    cos/sin (L, Dh/2). Pairs: (2i, 2i+1) interleaved, (i, i + Dh/2) in halves."""
+    cos/sin (L, Dh/2). Pairs: (2i, 2i+1) interleaved, (i, i + Dh/2) in halves. Computed in cos's format (float32),
+    returned in x's (a bf16 model's queries stay bf16)."""
     if layout == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]  # (..., L, Dh/2)
-        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (..., L, Dh)
-    a, b = x.chunk(2, dim=-1)  # (..., L, Dh/2)
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, Dh)
+        out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (..., L, Dh)
+    else:
+        a, b = x.chunk(2, dim=-1)  # (..., L, Dh/2)
+        out = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., L, Dh)
+    return out.to(x.dtype)
 
 
 class Rotary(NamedTuple):

@@ -46,6 +46,7 @@ def dense_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T * scale + bias, masked) v, written out: the reference for every kernel."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    bias = _like(bias, q)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
     if bias is not None:
         scores = scores + bias
@@ -62,6 +63,11 @@ def dense_attention(
 # (up to 1.8x for 320 hypotheses x 16 keys); with a padding mask, or from here on, SDPA is as fast or faster
 # (benchmarks/attention_kernels.py).
 SDPA_CPU_MIN_QUERIES = 9
+
+
+def _like(bias: Tensor | None, q: Tensor) -> Tensor | None:
+    """A position bias (computed in float32) in the queries' format: a bf16 model's scores are bf16."""
+    return bias if bias is None or bias.dtype == q.dtype else bias.to(q.dtype)
 
 
 def sdpa_attention(
@@ -82,7 +88,7 @@ def sdpa_attention(
         # backend (torch._fused_sdp_choice == SDPBackend.MATH): the dense kernel's computation, but with
         # torch's slower dropout mask; and a decoding step's few queries run faster as two matmuls
         return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights)
-    attn_mask = mask
+    attn_mask, bias = mask, _like(bias, q)
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)

@@ -53,6 +53,7 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim)
         self.out_proj = nn.Linear(d_model, d_model)
         self.int8: nn.ModuleDict | None = None  # the parts as dynamic int8 layers (quantize_int8)
+        self.prepacked: dict[str, Callable[[Tensor], Tensor]] | None = None  # "q", "kv" on the measured library
         self.set_kernel(kernel)
 
     def set_kernel(self, name: str) -> None:
@@ -73,8 +74,19 @@ class MultiHeadAttention(nn.Module):
             return self.int8[part](x)
         if part == "qkv":
             return self.in_proj(x)
+        if self.prepacked is not None:
+            return self.prepacked[part](x)
         rows = self._rows(part)
         return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
+
+    def prepack(self) -> None:
+        """Run the "q" and "kv" parts on the matrix library measured fastest for their shapes
+        (tformer.model.matmul; "qkv" is in_proj, an nn.Linear, which `prepack` converts as any other): for
+        inference on a CPU, with the weights in their final format. Their weights stay views of in_proj's."""
+        from tformer.model.matmul import Prepacked
+
+        self.prepacked = {part: Prepacked.measured(self.in_proj.weight[self._rows(part)],
+                                                   self.in_proj.bias[self._rows(part)]) for part in ("q", "kv")}
 
     def quantize_int8(self) -> None:
         """Replace the in-projection by one dynamic int8 layer per part (PyTorch's quantization: int8 weights

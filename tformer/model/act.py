@@ -53,6 +53,11 @@ class Ponder(NamedTuple):
         return (self.steps + self.remainders).sum()
 
 
+def _summed(state: Tensor) -> torch.dtype:
+    """The format ACT sums its weighted states in: float32 for a bf16/fp16 model (the halting weights are float32)."""
+    return torch.promote_types(state.dtype, torch.float32)
+
+
 class ACT:
     """Halting bookkeeping for one sequence of steps over positions (any shape, e.g. (B, L) or (1, N))."""
 
@@ -124,7 +129,7 @@ class ACTStack(nn.Module):
         """The ACT loop over a whole side. The layout decides which rows a step computes (Layout.select)."""
         layout, state = side.layout, side.x
         act = ACT(layout.flat(layout.mask), self.epsilon, self.max_steps)
-        out, extras = torch.zeros_like(state), []
+        out, extras = torch.zeros_like(state, dtype=_summed(state)), []  # the weighted sum, in float32 at least
         while not act.done:
             x_in = self.coordinates(state, side.positions, act.step)
             sel = (Selection(None, side.mask, cross_mask) if need_weights  # weights: over the whole graph
@@ -144,7 +149,7 @@ class ACTStack(nn.Module):
                 out = out.index_add(1, rows, w[:, rows, None] * new)
             extras.append(extra)
         ponder = act.ponder()
-        return self.norm(out), extras, Ponder(layout.padded(ponder.steps), layout.padded(ponder.remainders))
+        return self.norm(out.to(state.dtype)), extras, Ponder(layout.padded(ponder.steps), layout.padded(ponder.remainders))
 
     def _keys(self, x_in: Tensor, graph: Graph, rotary: Rotary | None) -> KV:
         """Self-attention keys and values (1, H, N, Dh) of the rows that running queries read (running or
@@ -202,7 +207,7 @@ class ACTStack(nn.Module):
         self_mask, cross_mask = layout.self_mask(), layout.cross_mask()
         cross = cache.cross[0]
         act = ACT(torch.ones(N, 1, dtype=torch.bool, device=state.device), self.epsilon, self.max_steps)
-        out, kvs = torch.zeros_like(state), list(cache.self_kv)
+        out, kvs = torch.zeros_like(state, dtype=_summed(state)), list(cache.self_kv)
         while not act.done:
             s = act.step
             x_in = self.coordinates(state, side.positions, s)  # (N, 1, D)
@@ -226,4 +231,4 @@ class ACTStack(nn.Module):
         anchors = anchor if cache.anchors is None else torch.cat([cache.anchors, anchor], 1)
         steps = act.ponder().steps  # (N, 1)
         steps = steps if cache.steps is None else torch.cat([cache.steps, steps], 1)
-        return self.norm(out), DecoderCache(cache.src_mask, cache.cross, kvs, anchors, steps)
+        return self.norm(out.to(state.dtype)), DecoderCache(cache.src_mask, cache.cross, kvs, anchors, steps)

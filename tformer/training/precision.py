@@ -1,4 +1,6 @@
-"""`train.precision`: the forward pass under autocast in bf16 or fp16, with fp16's dynamic gradient scaler."""
+"""`train.precision`: the forward pass under autocast in bf16 or fp16, with fp16's dynamic gradient scaler. The
+formats and the device checks are the shared policy of tformer.precision (decoding refuses what training warns
+about: a training run may want to test a configuration on a small machine)."""
 
 from __future__ import annotations
 
@@ -8,35 +10,9 @@ from typing import Any
 
 import torch
 
+from tformer.precision import CPU_UNITS, cpu_flags, missing_cpu_units, unsupported  # noqa: F401 (re-exported)
+
 log = logging.getLogger("tformer")
-
-
-# CPU instruction sets with native matrix products in each reduced precision (any one suffices), as
-# /proc/cpuinfo names them: AVX-512 BF16 (Intel Cooper Lake and later, AMD Zen 4 and later) or AMX;
-# AVX-512 FP16 or AMX-FP16 (Intel Sapphire Rapids and later, Granite Rapids)
-CPU_UNITS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
-
-
-def cpu_flags() -> set[str] | None:
-    """This CPU's feature flags from /proc/cpuinfo (Linux); None where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
-def missing_cpu_units(precision: str, flags: set[str] | None = None) -> tuple[str, ...] | None:
-    """The CPU flags `precision` ("bf16"/"fp16") would need, when this CPU has none of them; None when it has
-    one, when the precision needs none, or when the flags cannot be read (then nothing is claimed)."""
-    flags = cpu_flags() if flags is None else flags
-    units = CPU_UNITS.get(precision)
-    if units is None or flags is None or any(u in flags for u in units):
-        return None
-    return units
 
 
 class Precision:
@@ -48,12 +24,11 @@ class Precision:
         self.device = device
         self.dtype = dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-        missing = missing_cpu_units(precision) if device.type == "cpu" else None
-        if missing:
-            log.warning("train.precision=%s on a CPU without %s: autocast runs, but its %s matrix products are "
-                        "computed without native units, far slower than fp32 (about 200x measured on an AVX2 CPU); "
-                        "use train.precision=fp32 here", precision,
-                        " or ".join(missing), precision)
+        why = unsupported(precision, device) if precision in ("bf16", "fp16") else None
+        if why:
+            log.warning("train.precision=%s on %s: %s; autocast runs, but its %s matrix products are emulated, far "
+                        "slower than fp32 (about 200x measured on an AVX2 CPU); use train.precision=fp32 here",
+                        precision, device.type, why, precision)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype is None:

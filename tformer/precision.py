@@ -1,0 +1,103 @@
+"""Number formats, one policy for training, inference and serving.
+
+    train.precision    fp32 | bf16 | fp16   the forward pass under autocast; weights and optimizer in fp32
+    decode.precision   fp32 | bf16 | fp16   the weights held in that format (chosen when loading); logits go
+                                            to fp32 before the log-softmax, so log-probabilities and scores
+                                            are computed and summed in fp32
+    decode.quantize    none | int8          int8 linear layers on a CPU (tformer.model.quantize), fp32
+                                            activations: with decode.precision=fp32 only
+
+Reduced precision needs units that compute in it: on a GPU, bf16 needs compute capability 8.0 (Ampere) or
+later; on a CPU, the flags in `CPU_UNITS`. Without them PyTorch still runs, emulating the format far slower
+than fp32 (about 200x measured on an AVX2 CPU), so decoding refuses (a ConfigError naming the key and the
+missing flag) and training warns. With them a bf16 matrix product runs 2.5x (AVX-512 BF16) to 4x (AMX) as fast
+as fp32 on one core (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tformer.errors import ConfigError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# CPU instruction sets with native matrix products in each reduced precision (any one suffices), as
+# /proc/cpuinfo names them: AVX-512 BF16 (Intel Cooper Lake and later, AMD Zen 4 and later) or AMX;
+# AVX-512 FP16 or AMX-FP16 (Intel Sapphire Rapids and later, Granite Rapids)
+CPU_UNITS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+
+def cpu_flags() -> set[str] | None:
+    """This CPU's feature flags from /proc/cpuinfo (Linux); None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def missing_cpu_units(precision: str, flags: set[str] | None = None) -> tuple[str, ...] | None:
+    """The CPU flags `precision` ("bf16"/"fp16") would need, when this CPU has none of them; None when it has
+    one, when the precision needs none, or when the flags cannot be read (then nothing is claimed)."""
+    flags = cpu_flags() if flags is None else flags
+    units = CPU_UNITS.get(precision)
+    if units is None or flags is None or any(u in flags for u in units):
+        return None
+    return units
+
+
+def unsupported(precision: str, device: torch.device, flags: set[str] | None = None) -> str | None:
+    """Why `device` has no native units for `precision` (a sentence naming what is missing); None when it has
+    them, or for fp32."""
+    if precision == "fp32":
+        return None
+    if device.type == "cpu":
+        missing = missing_cpu_units(precision, flags)
+        return None if missing is None else f"this CPU has no {' or '.join(missing)} (/proc/cpuinfo flags)"
+    if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"this GPU (compute capability {major}.{minor}) has no bf16 units; they start with 8.0 (Ampere)"
+    return None
+
+
+def check_decode(precision: str, quantize: str, device: torch.device, flags: set[str] | None = None) -> None:
+    """ConfigError, naming the key, for a decoding precision this device cannot run natively, or for one
+    combined with int8 weights."""
+    if precision != "fp32" and quantize != "none":
+        raise ConfigError(f"config key 'decode.precision': {precision} with decode.quantize={quantize}: int8 layers "
+                          f"take fp32 inputs, so the two do not combine; choose one (decode.precision=fp32 with "
+                          f"int8, or decode.quantize=none with {precision})")
+    why = unsupported(precision, device, flags)
+    if why:
+        raise ConfigError(f"config key 'decode.precision': {precision} on {device.type}: {why}; PyTorch would emulate "
+                          f"{precision} far slower than fp32 (about 200x on an AVX2 CPU). Use decode.precision=fp32"
+                          + (" (or decode.quantize=int8 for speed)" if device.type == "cpu" else ""))
+
+
+def for_inference(model: torch.nn.Module, precision: str, quantize: str) -> torch.nn.Module:
+    """`model` (in eval mode) as the decoding policy asks, in place: its weights in `precision`, or its linear
+    layers int8 (`quantize`); checked first (`check_decode`). Float linear layers on a CPU then run on the matrix
+    library measured fastest for their shapes (tformer.model.matmul). Returns it."""
+    device = next(model.parameters()).device
+    check_decode(precision, quantize, device)
+    if quantize == "int8":
+        from tformer.model.quantize import quantize_int8
+
+        return quantize_int8(model)
+    if precision != "fp32":
+        model.to(DTYPES[precision])
+    from tformer.model.matmul import prepack
+
+    return prepack(model)
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The floating-point format a model's weights are held in (int8 models: fp32, their activations')."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
