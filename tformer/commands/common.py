@@ -38,8 +38,17 @@ def batching(sp: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-tokens", type=int, metavar="N", help="batches of at most N padded source tokens "
                        "(sentences x longest), sentences sorted by length, instead of a count of sentences "
                        "(decode.batch_tokens=N); results do not depend on it")
+    number_format(sp)
+
+
+def number_format(sp) -> None:
+    """--int8 and --precision: the format the weights are loaded in (tformer.precision)."""
     sp.add_argument("--int8", action="store_true", help="run the linear layers with dynamic int8 quantization "
                     "(CPU; faster, results may differ slightly); same as decode.quantize=int8")
+    sp.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="hold the weights in this format "
+                    "(default fp32); bf16 needs a CPU with avx512_bf16 or amx_bf16, or a GPU of compute capability "
+                    "8.0+, and runs about 2x as fast there; log-probabilities stay fp32, results may differ "
+                    "slightly; same as decode.precision")
 
 
 def listen(sp: argparse.ArgumentParser) -> None:
@@ -73,7 +82,7 @@ def int_list(text: str) -> list[int]:
 
 
 def decode_overrides(args: argparse.Namespace) -> list[str]:
-    """--beam/--nbest/--batch-size/--batch-tokens/--int8 as decode.* overrides, before the explicit ones (which
+    """--beam/--nbest/--batch-size/--batch-tokens/--int8/--precision as decode.* overrides, before the explicit ones (which
     win)."""
     from tformer.api import decode_fields
 
@@ -81,6 +90,8 @@ def decode_overrides(args: argparse.Namespace) -> list[str]:
                           getattr(args, "batch_tokens", None))
     if getattr(args, "int8", False):
         flags["quantize"] = "int8"
+    if getattr(args, "precision", None):
+        flags["precision"] = args.precision
     return [f"decode.{key}={value}" for key, value in flags.items()] + getattr(args, "overrides", [])
 
 
@@ -112,7 +123,7 @@ def describe_decode(cfg) -> str:
     extra = (f", min length {d.min_len}" if d.min_len else "") + \
         (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "")
     batch = f"{d.batch_tokens} tokens" if d.batch_tokens else f"{d.batch_size} sentences"
-    int8 = ", int8" if d.quantize == "int8" else ""
+    int8 = ", int8" if d.quantize == "int8" else f", {d.precision}" if d.precision != "fp32" else ""
     return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "
             f"kernel {cfg.model.attention}{int8}")
 

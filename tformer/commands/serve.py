@@ -30,8 +30,7 @@ def add_parser(sub) -> None:
                    "fill a batch (default 5; 0: decode what is queued at once)")
     g.add_argument("--batch-tokens", type=int, default=4096, help="padded source tokens (sentences x longest) per "
                    "model call, also decode.batch_tokens (default 4096)")
-    g.add_argument("--int8", action="store_true", help="run the linear layers with dynamic int8 quantization (CPU; "
-                   "faster, results may differ slightly); same as decode.quantize=int8")
+    common.number_format(g)
     g = sp.add_argument_group("limits (each refused with a status naming it)")
     g.add_argument("--max-sentences", type=int, default=64, help="sentences per request (default 64)")
     g.add_argument("--max-chars", type=int, default=1000, help="characters per sentence or prefix (default 1000)")

@@ -1,0 +1,207 @@
+"""Decoding precision (tformer.precision) and the matrix library chosen at load (tformer.model.matmul).
+
+bf16's promise, tested here against fp32 as the oracle: every model kind decodes; a token's log-probability is
+within BF16_ABS + BF16_REL * |value| of fp32's for the same tokens; a sentence's result does not depend on the
+batch it is decoded in (as in fp32: alone == in a batch of sixteen). The matrix library's choice is an exact
+rule on measured times (tested with given times), and either library gives fp32's products to rounding."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tformer
+import tformer.precision as policy
+from tformer.config import DecodeConfig, ModelConfig
+from tformer.errors import ConfigError
+from tformer.inference import score_ids, translate_ids
+from tformer.model import build_model, matmul
+from tformer.precision import for_inference
+
+ROOT = Path(__file__).resolve().parents[1]
+V1 = ROOT / "tests" / "fixtures" / "checkpoint_v1" / "checkpoint"
+LINES = (ROOT / "tests" / "fixtures" / "checkpoint_v1" / "input.en").read_text(encoding="utf-8").splitlines()
+BF16_ABS, BF16_REL = 0.06, 0.02  # bf16 keeps 8 significant bits: a logit of 10 is off by up to 0.04
+
+BASE = dict(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
+            ffn_dropout=0.0)
+KINDS = {
+    "post-norm": {}, "pre-norm": dict(norm="pre"), "learned": dict(positions="learned"),
+    "tupe": dict(positions="tupe", untie_first=True), "tupe-r": dict(positions="tupe-r"),
+    "relative": dict(positions="relative"), "alibi": dict(positions="alibi"),
+    "rotary": dict(positions="rotary", rotary_layout="halves"),
+    "glu-rmsnorm-qk-norm": dict(ffn="glu", norm_layer="rmsnorm", qk_norm=True, activation="silu"),
+    "grouped-query": dict(kv_heads=2), "universal": dict(kind="universal", max_steps=4),
+    "dense": dict(attention="dense"), "graph": dict(attention="graph"),
+    "speech-stack": dict(source="features", feature_dim=12, frame_stack=2, frame_skip=2),
+    "speech-conv": dict(source="features", feature_dim=12, frontend="conv", conv_channels=8, cmvn=True, ctc=True),
+    "marian": dict(sinusoid="marian", activation="silu", norm="post"),
+}
+SOURCES = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [23]]
+
+needs_bf16 = pytest.mark.skipif(policy.unsupported("bf16", torch.device("cpu")) is not None,
+                                reason="this CPU has no bf16 units (decode.precision=bf16 is refused)")
+
+
+def _pair(kind: str) -> tuple:
+    """An fp32 model of `kind`, the same weights loaded for bf16 decoding, and sources for them."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**BASE, **KINDS[kind]})
+    fp32 = build_model(cfg, 30, 30).eval()
+    bf16 = build_model(cfg, 30, 30).eval()
+    bf16.load_state_dict(fp32.state_dict())
+    for_inference(bf16, "bf16", "none")
+    g = torch.Generator().manual_seed(1)
+    sources = [torch.randn(3 * len(s), 12, generator=g) for s in SOURCES] if cfg.source == "features" else SOURCES
+    return fp32, bf16, sources
+
+
+def _close(got: list[float], want: list[float]) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert abs(g - w) <= BF16_ABS + BF16_REL * abs(w), (got, want)
+
+
+@needs_bf16
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_bf16_decodes_every_model_kind_with_fp32s_log_probabilities_to_its_tolerance(kind):
+    """Weights held in bf16 (every float parameter), log-probabilities in fp32. Oracle: the fp32 model's
+    teacher-forced log-probabilities of the tokens bf16 chose, and of fixed targets; both searches run."""
+    fp32, bf16, sources = _pair(kind)
+    assert {p.dtype for p in bf16.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    targets = [[5, 6], [7], [8, 9, 10, 11], []]
+    got, want = score_ids(bf16, sources, targets), score_ids(fp32, sources, targets)
+    for g, w in zip(got, want):
+        _close(g, w)
+    limit = 8  # a hypothesis shorter than this ended with </s>, and its score counts it
+    greedy = translate_ids(bf16, sources, DecodeConfig(max_len_a=0.0, max_len_b=limit))
+    beam = translate_ids(bf16, sources, DecodeConfig(strategy="beam", beam_size=3, nbest=2, max_len_a=0.0,
+                                                    max_len_b=limit, len_penalty=0.0))
+    assert all(len(h) == 2 and s[0] >= s[1] for h, s in zip(beam.tokens, beam.scores))
+    for found in (greedy, beam):
+        best = [h[0] for h in found.tokens]
+        for tokens, score, logp in zip(best, found.scores, score_ids(fp32, sources, best)):
+            _close([score[0]], [sum(logp[: len(tokens) + (len(tokens) < limit)])])
+
+
+@needs_bf16
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_bf16_results_do_not_depend_on_the_batch(strategy):
+    """Each sentence decoded alone equals the batch of sixteen (tokens, scores to 1e-4), as in fp32, though
+    the batch runs the matrix products on other row counts."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**BASE, "d_model": 64, "d_ff": 128})
+    model = for_inference(build_model(cfg, 300, 300).eval(), "bf16", "none")
+    g = torch.Generator().manual_seed(1)
+    sources = [torch.randint(4, 300, (int(n),), generator=g).tolist() for n in torch.randint(2, 15, (16,), generator=g)]
+    decode = DecodeConfig(strategy=strategy, beam_size=4, max_len_b=12, batch_size=16)
+    batch = translate_ids(model, sources, decode)
+    for i, s in enumerate(sources):
+        alone = translate_ids(model, [s], decode)
+        assert alone.tokens[0] == batch.tokens[i]
+        assert alone.scores[0][0] == pytest.approx(batch.scores[i][0], abs=1e-4)
+
+
+@needs_bf16
+def test_bf16_through_the_api_translate_nbest_prefix_alignment_score_attention_and_an_ensemble():
+    """tformer.load(..., precision="bf16"): every call works and stays within bf16's tolerance of fp32."""
+    fp32 = tformer.load(V1, device="cpu")
+    bf16 = tformer.load(V1, device="cpu", precision="bf16")
+    assert bf16.config.decode.precision == "bf16" and next(bf16.model.parameters()).dtype == torch.bfloat16
+    lines = LINES[:6]
+    out = bf16.translate(lines, beam=4, nbest=2, alignment=True, return_attention=True)
+    want = fp32.translate(lines, beam=4, nbest=2)
+    assert sum(a.text == b.text for a, b in zip(out, want)) >= 5  # a near tie may flip; most agree
+    assert all(len(t.hypotheses) == 2 and t.alignment is not None and t.attention is not None for t in out)
+    forced = bf16.translate(lines[:2], prefix=["Ein", None])
+    assert forced[0].text.startswith("Ein")
+    refs = [t.text for t in want]
+    for g, w in zip(bf16.score(lines, refs), fp32.score(lines, refs)):
+        _close(g.token_log_probs, w.token_log_probs)
+    ensemble = tformer.load([V1, V1], device="cpu", precision="bf16")
+    assert [t.text for t in ensemble.translate(lines)] == [t.text for t in bf16.translate(lines)]
+
+
+def test_bf16_with_int8_and_bf16_without_units_are_config_errors_naming_the_key(monkeypatch):
+    with pytest.raises(ConfigError, match="config key 'decode.precision': bf16 with decode.quantize=int8"):
+        DecodeConfig(precision="bf16", quantize="int8")
+    with pytest.raises(ConfigError, match="config key 'decode.precision'"):
+        tformer.load(V1, device="cpu", precision="bf16", quantize="int8")
+    monkeypatch.setattr(policy, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})  # an AVX2/AVX-512F-only CPU
+    with pytest.raises(ConfigError, match=r"'decode.precision': bf16 on cpu: this CPU has no avx512_bf16 or "
+                                          r"amx_bf16.*decode.precision=fp32"):
+        tformer.load(V1, device="cpu", precision="bf16")
+    with pytest.raises(ConfigError, match="avx512_fp16 or amx_fp16"):
+        tformer.load(V1, device="cpu", overrides=["decode.precision=fp16"])
+    assert tformer.load(V1, device="cpu").config.decode.precision == "fp32"  # fp32 needs nothing
+    monkeypatch.setattr(policy, "cpu_flags", lambda: None)  # flags unreadable: no claim, no refusal
+    assert policy.unsupported("bf16", torch.device("cpu")) is None
+
+
+def test_precision_is_chosen_when_loading_not_per_call():
+    translator = tformer.load(V1, device="cpu")
+    with pytest.raises(ConfigError, match="decode.precision.*tformer.load"):
+        translator.translate(LINES[:1], precision="bf16")
+    assert translator.translate(LINES[:1], precision="fp32")[0].text == translator.translate(LINES[:1])[0].text
+
+
+def test_the_command_line_flag_is_the_config_key():
+    import argparse
+
+    from tformer.commands import common
+
+    sp = argparse.ArgumentParser()
+    common.batching(sp)
+    args = sp.parse_args(["--precision", "bf16", "--batch-size", "8"])
+    assert "decode.precision=bf16" in common.decode_overrides(args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
+    if not matmul.available():
+        pytest.skip("no oneDNN prepacked linear in this build")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 200).to(dtype)
+    packed = matmul.Prepacked(linear.weight.detach(), linear.bias.detach(), min_rows=1)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    with torch.inference_mode():
+        for shape in ((1, 48), (7, 48), (3, 5, 48)):
+            x = torch.randn(shape).to(dtype)
+            torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), **tol)
+    # a model keeps its state dict and its tied generator; with gradients on, the plain product (it has one)
+    model = build_model(ModelConfig(**BASE), 30, 30).eval()
+    keys = list(model.state_dict())
+    matmul.prepack(model)
+    assert list(model.state_dict()) == keys
+    assert model.generator.weight is model.tgt_embed.tokens.weight
+    assert isinstance(model.generator, matmul.PrepackedLinear)
+    x = torch.randn(2, 32, requires_grad=True)
+    model.generator(x).sum().backward()
+    assert x.grad is not None
+
+
+def test_the_library_is_chosen_from_the_row_count_where_prepacked_wins_for_good(monkeypatch):
+    """The rule, on given times: prepacked from the fewest rows at which it wins at every larger count timed;
+    never, when it loses at the largest; each shape measured once per process."""
+    if not matmul.available():
+        pytest.skip("no oneDNN prepacked linear in this build")
+    calls = []
+
+    def fake(wins_at):
+        def seconds(fn, repeats=3):  # called plain, then prepacked, for each of ROWS in order
+            calls.append(fn)
+            rows = matmul.ROWS[(len(calls) - 1) // 2 % len(matmul.ROWS)]
+            prepacked = len(calls) % 2 == 0
+            return 1.0 if prepacked == (rows in wins_at) else 2.0
+        return seconds
+
+    for wins_at, want in (({16, 64, 256}, 16), ({4, 64, 256}, 64), ({1, 4, 16, 64}, matmul.NEVER),
+                          (set(matmul.ROWS), 1), (set(), matmul.NEVER)):
+        calls.clear()
+        monkeypatch.setattr(matmul, "_CHOICES", {})
+        monkeypatch.setattr(matmul, "_seconds", fake(wins_at))
+        assert matmul.measure(8, 12, torch.float32) == want, wins_at
+        assert matmul.measure(8, 12, torch.float32) == want and len(calls) == 2 * len(matmul.ROWS)  # cached
+    monkeypatch.setenv("TFORMER_PREPACK", "0")
+    model = build_model(ModelConfig(**BASE), 30, 30).eval()
+    assert not any(isinstance(m, matmul.PrepackedLinear) for m in matmul.prepack(model).modules())
