@@ -17,9 +17,10 @@ RESULTS = HERE / "RESULTS.md"
 SHARED_DATA = Path(os.environ.get("TFORMER_SHARED_DATA", HERE.parent.parent / "shared" / "data"))
 
 
-def gemm_ceiling(n: int = 1024, reps: int = 10) -> float:
-    """Measured fp32 GFLOP/s of torch.mm on n x n matrices (best of `reps`): the machine's matrix ceiling now."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def gemm_ceiling(n: int = 1024, reps: int = 10, dtype: torch.dtype = torch.float32) -> float:
+    """Measured GFLOP/s of torch.mm on n x n matrices in `dtype` (best of `reps`): the machine's matrix ceiling
+    now, in that format."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     torch.mm(a, b)
     best = float("inf")
     for _ in range(reps):

@@ -6,7 +6,7 @@ export, Hugging Face MarianMT `generate` with our weights copied in. Multi30k te
 and detokenises inside the timing; the others are given token ids or pieces.
 
     python benchmarks/decoding_peers.py --checkpoint runs/multi30k_en_de [--random] [--rounds 3] [--record]
-    python benchmarks/decoding_peers.py --folder FOLDER | --opus-base [--batch-size 32 64] [--profile]
+    python benchmarks/decoding_peers.py --folder FOLDER | --opus-base [--batch-size 1 8 32 64] [--profile] [--memory]
 
 --checkpoint: the trained model (pre-norm, so MarianMT, post-norm only, sits out); translations are also
 compared with tformer's, sentence by sentence, and scored with sacreBLEU.
@@ -26,7 +26,11 @@ of tformer's decoding time spent outside the matrix products (torch.profiler, th
 matrix-multiply ceiling is measured in the same run (torch.mm, 1024^3) and the decoder's FLOPs per target
 token (projections, FFN, generator and attention over the cache, counted per hypothesis) give each engine's
 decoder GFLOP/s and the fraction of the ceiling it reaches (the same count for every engine: the arithmetic
-a generated token needs, whatever an engine actually runs).
+a generated token needs, whatever an engine actually runs); tformer-bf16 (tformer.load(..., precision="bf16"))
+is set against the bf16 ceiling, measured the same way, and against CTranslate2 fp32 (its best float on a CPU).
+"ms per call": the median time of one call on one batch (at batch 1: a sentence's latency). --memory: each
+engine's peak resident memory, in a fresh process of its own that loads only that engine (imports of torch and
+ctranslate2 included, measured alone as the baseline row) and decodes the first four batches.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
+import json
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -89,12 +95,42 @@ def outside_matrix_products(fn) -> tuple[float, float]:
     return 1 - mm / wall, sdpa / wall
 
 
+def rss_child(spec: dict) -> None:
+    """--rss-child: load one engine alone, decode the given batches, print the process's peak RSS in MiB (and
+    the peak before loading: the imports)."""
+    import ctranslate2  # noqa: F401 (imported by every child alike: the baseline counts it)
+
+    torch.set_num_threads(spec["threads"])
+    before = _rss()["VmRSS"]
+    engine, beam, n = spec["engine"], spec["beam"], spec["max_len"]
+    if engine.startswith("ct2"):
+        t = ctranslate2.Translator(spec["ct2_dir"], device="cpu", intra_threads=spec["threads"], inter_threads=1)
+        for chunk in spec["pieces"]:
+            t.translate_batch(chunk, beam_size=beam, length_penalty=0.0, max_decoding_length=n, min_decoding_length=0)
+    elif engine != "none":
+        kw = dict(quantize="int8") if engine.endswith("int8") else dict(precision="bf16") if engine.endswith(
+            "bf16") else {}
+        t = tformer.load(spec["source"], device="cpu", **kw)
+        for chunk in spec["sentences"]:
+            t.translate(chunk, beam=beam, len_penalty=0.0, max_len_a=0.0, max_len_b=n, batch_size=len(chunk))
+    print(json.dumps({**_rss(), "imports": before}))
+
+
+def _rss() -> dict[str, float]:
+    """This process's resident memory now (VmRSS) and at its peak (VmHWM), MiB, from /proc/self/status."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--rss-child":
+        return rss_child(json.loads(Path(sys.argv[2]).read_text()))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="runs/multi30k_en_de")
     ap.add_argument("--folder", help="a Hugging Face MarianMT folder instead of a tformer checkpoint")
     ap.add_argument("--opus-base", action="store_true", help="build a random OPUS-MT-base-shaped folder and use it")
     ap.add_argument("--profile", action="store_true", help="also measure tformer's time outside matrix products")
+    ap.add_argument("--memory", action="store_true", help="also each engine's peak RSS, in a process of its own")
     ap.add_argument("--random", action="store_true", help="a random post-norm Marian-size model instead")
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, nargs="+", default=[64])
@@ -112,6 +148,7 @@ def main() -> None:
 
     translator = tformer.load(source_ckpt, device="cpu")
     int8 = tformer.load(source_ckpt, device="cpu", quantize="int8")
+    bf16 = tformer.load(source_ckpt, device="cpu", precision="bf16") if "tformer-bf16" in args.engines else None
     ckpt, model = translator.checkpoint, translator.model
     src_tok, tgt_tok = ckpt.tokenizers
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
@@ -142,6 +179,7 @@ def main() -> None:
         source_ckpt = work / "run"
         translator = tformer.load(source_ckpt, device="cpu")
         int8 = tformer.load(source_ckpt, device="cpu", quantize="int8")
+        bf16 = tformer.load(source_ckpt, device="cpu", precision="bf16") if bf16 is not None else None
     ct2_dirs = {}
     if any(e.startswith("ct2") for e in engines):
         import ctranslate2
@@ -172,9 +210,10 @@ def main() -> None:
     skip = {"<pad>"}  # never a translation token
 
     def run(engine: str, beam: int, chunk: list[int], batch_size: int) -> list[list[int]]:
-        if engine in ("tformer", "tformer-top_k", "tformer-int8"):  # the public API, text in and text out
+        if engine in ("tformer", "tformer-top_k", "tformer-int8", "tformer-bf16"):  # the API, text in and out
             rule = dict(beam_finish="top_k") if engine == "tformer-top_k" else {}
-            out = (int8 if engine == "tformer-int8" else translator).translate(
+            loaded = {"tformer-int8": int8, "tformer-bf16": bf16}.get(engine, translator)
+            out = loaded.translate(
                 [sources[i] for i in chunk], beam=beam, len_penalty=0.0, max_len_a=0.0, max_len_b=max_len,
                 batch_size=batch_size, **rule)
             return [[stoi.get(p, 3) for p in t.tokens] for t in out]
@@ -208,12 +247,12 @@ def main() -> None:
     def runs(engine: str, beam: int) -> bool:  # the fairseq-rule variant differs from tformer's only in beam search
         return engine != "tformer-top_k" or beam > 1
 
-    ceiling = gemm_ceiling()
+    ceiling, ceiling_bf16 = gemm_ceiling(), gemm_ceiling(dtype=torch.bfloat16)
     vocab = len(tgt_tok.vocab)
     src_len = statistics.mean(len(x) + 1 for x in ids)
-    table = ["| decoding | batch | engine | sentences/s | target tokens/s | vs tformer | vs ct2 of its precision | "
-             "decoder GFLOP/s (% of ceiling) | equal to tformer | BLEU |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    table = ["| decoding | batch | engine | sentences/s | target tokens/s | ms per call | vs tformer | vs ct2 of its "
+             "precision | decoder GFLOP/s (% of ceiling) | equal to tformer | BLEU |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     rows: list[tuple[str, float, str]] = []  # formatted once the ceiling's last measurement is in
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
@@ -226,6 +265,7 @@ def main() -> None:
         # the engines translate in turns, chunk by chunk (the shared machine's load changes by the second)
         chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
         times: dict[tuple[str, int], list[float]] = {}
+        calls: dict[tuple[str, int], list[float]] = {}  # every call's time, every round
         outputs: dict[tuple[str, int], list[list[int]]] = {}
         for _ in range(args.rounds):
             for beam in args.beams:
@@ -239,6 +279,7 @@ def main() -> None:
                         tic = time.perf_counter()
                         out = run(engine, beam, chunk, batch_size)
                         spent[engine] += time.perf_counter() - tic
+                        calls.setdefault((engine, beam), []).append(time.perf_counter() - tic)
                         for i, hyp in zip(chunk, out):
                             outputs[engine, beam][i] = hyp
                 for engine in engines:
@@ -259,8 +300,9 @@ def main() -> None:
                 flops = decoder_flops_per_token(cfg, vocab, src_len, n_tok / len(out)) * n_tok * beam / secs / 1e9
                 rows.append((f"| {'greedy' if beam == 1 else f'beam {beam}'} | {batch_size} | {engine} | "
                              f"{len(out) / secs:.1f} | {n_tok / secs:,.0f} | "
+                             f"{1000 * statistics.median(calls[engine, beam]):.1f} | "
                              f"{base / secs if base else float('nan'):.2f}x | {peer_secs / secs:.2f}x | ", flops,
-                             f" | {same}/{len(out)} | {bleu:.2f} |"))
+                             f" | {same}/{len(out)} | {bleu:.2f} |", engine.endswith("bf16")))
         if args.profile:
             for beam in args.beams:
                 for name, t in (("fp32", translator), ("int8", int8)):
@@ -271,10 +313,31 @@ def main() -> None:
                     notes.append(f"tformer {name}, {'greedy' if beam == 1 else f'beam {beam}'}, batch {batch_size}: "
                                  f"{100 * outside:.0f}% of the decoding time outside matrix products (of which "
                                  f"{100 * sdpa:.0f}% in the attention kernel)")
-    ceiling = max(ceiling, gemm_ceiling())
-    table += [f"{head}{flops:.1f} ({100 * flops / ceiling:.0f}%){tail}" for head, flops, tail in rows]
+    ceiling, ceiling_bf16 = max(ceiling, gemm_ceiling()), max(ceiling_bf16, gemm_ceiling(dtype=torch.bfloat16))
+    table += [f"{head}{flops:.1f} ({100 * flops / (ceiling_bf16 if half else ceiling):.0f}%){tail}"
+              for head, flops, tail, half in rows]
     notes.append(f"decoder GFLOP/s: the arithmetic a generated token needs per hypothesis (beam: x beam size), "
-                 f"against the fp32 matrix-multiply ceiling measured in this run, {ceiling:.0f} GFLOP/s")
+                 f"against the matrix-multiply ceiling measured in this run (torch.mm, 1024^3, best of two "
+                 f"measurements): fp32 {ceiling:.0f} GFLOP/s; bf16 {ceiling_bf16:.0f} GFLOP/s (tformer-bf16's %)")
+    if args.memory:
+        memory = ["| engine | peak RSS (MiB) | RSS after decoding (MiB) | of which the imports (MiB) |",
+                  "|---|---:|---:|---:|"]
+        batch_size, beam = args.batch_size[-1], args.beams[-1]
+        chunks = [order[i : i + batch_size] for i in range(0, min(4 * batch_size, len(order)), batch_size)]
+        for engine in ["none"] + [e for e in engines if e not in ("tformer-ids", "tformer-top_k", "hf")]:
+            spec = dict(engine=engine, beam=beam, max_len=max_len, threads=threads, source=str(source_ckpt),
+                        ct2_dir=str(ct2_dirs.get(engine, "")), sentences=[[sources[i] for i in c] for c in chunks],
+                        pieces=[[pieces[i] for i in c] for c in chunks])
+            (work / "spec.json").write_text(json.dumps(spec))
+            got = json.loads(subprocess.run([sys.executable, __file__, "--rss-child", str(work / "spec.json")],
+                                            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+            memory.append(f"| {'(imports alone)' if engine == 'none' else engine} | {got['VmHWM']:,.0f} | "
+                          f"{got['VmRSS']:,.0f} | {got['imports']:,.0f} |")
+        table += ["", *memory]
+        notes.append(f"RSS: each engine in a fresh process of its own (/proc/self/status VmHWM, VmRSS; the "
+                     f"imports: VmRSS after importing torch and ctranslate2), loading only that engine "
+                     f"and decoding 4 batches of {batch_size} at {'greedy' if beam == 1 else f'beam {beam}'}; "
+                     f"tformer's prepacked weights (tformer.model.matmul) and int8 copies are included")
     what = ("random post-norm Marian-size model (d=256, 3+3, 4 heads, FFN 1024)" if args.random else
             "random OPUS-MT-base-shaped Hugging Face folder (d=512, 6+6, 8 heads, FFN 2048, swish), imported"
             if args.opus_base else f"Hugging Face folder {folder}, imported" if folder else
