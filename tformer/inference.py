@@ -162,14 +162,18 @@ def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the system (a
     process-wide setting; True when it took). Decoding allocates logits and caches of a few MB at every step;
     by default each such block is mapped fresh and every page of it faults on first touch (about 70,000
-    faults and 5-8% of the time of a beam-5 run over 128 sentences, benchmarks/RESULTS.md). Memory then stays
-    at its high-water mark, as with any caching allocator. TFORMER_KEEP_FREED_MEMORY=0 leaves malloc alone."""
+    faults and 5-8% of the time of a beam-5 run over 128 sentences, benchmarks/RESULTS.md). Blocks above 32 MiB
+    (glibc's largest mmap threshold; a 64 x 4 beam's logits over a 58k vocabulary are 59 MB) would still be
+    mapped fresh, so mmap is turned off altogether: every block comes from the heap, which keeps what is freed
+    (measured: a 256 x 58k log-softmax 37 ms with 305,000 page faults, 16 ms with none). Memory then stays at
+    its high-water mark, as with any caching allocator. TFORMER_KEEP_FREED_MEMORY=0 leaves malloc alone."""
     if os.environ.get("TFORMER_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None)
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+        return (bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+                and bool(libc.mallopt(M_MMAP_MAX, 0)))
     except (OSError, AttributeError):  # not glibc
         return False
 
