@@ -557,7 +557,8 @@ def load(path: str | Path | Sequence[str | Path], which: str = "best", *, device
     device: 'cpu', 'cuda', 'cuda:N'; default the GPU when there is one. threads: torch's intra-op threads
     (process-wide). max_source_tokens: longer sources are refused (0: no limit). attention: the kernel
     ('sdpa', 'dense', 'graph'). decode: decoding defaults, DecodeConfig fields (beam_size=5, len_penalty=1.0,
-    ...). overrides: the same as dotted strings ('decode.beam_size=5'); like the command line, only decode.*
+    ...); two of them fix how the weights are held, for the Translator's life: precision='bf16' (or 'fp16';
+    tformer.precision) and quantize='int8'. overrides: the same as dotted strings ('decode.beam_size=5'); like the command line, only decode.*
     and model.attention may change after training."""
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
