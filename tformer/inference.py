@@ -172,6 +172,7 @@ def keep_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(None)
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+        libc.malloc_trim(0)  # first hand back what is free now (a model's loading leaves much behind)
         return (bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
                 and bool(libc.mallopt(M_MMAP_MAX, 0)))
     except (OSError, AttributeError):  # not glibc
@@ -187,11 +188,11 @@ def model_from(ckpt: Checkpoint, device: str | torch.device | None = None) -> Tr
 
     decode = ckpt.cfg.decode
     check_decode(decode.precision, decode.quantize, torch.device(device or "cpu"))  # before building anything
-    keep_freed_memory()
     model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
     ckpt.load_model_state(model)
-    model = model.to(device or "cpu").eval()
-    return for_inference(model, decode.precision, decode.quantize)
+    model = for_inference(model.to(device or "cpu").eval(), decode.precision, decode.quantize)
+    keep_freed_memory()  # after loading: what loading freed (a random initialisation, fp32 copies) goes back
+    return model
 
 
 def load_model(path: str, which: str = "best", overrides: Sequence[str] = (),
