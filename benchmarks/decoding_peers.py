@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, nargs="+", default=[64])
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 5])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="0: no timing (with --memory: the memory table alone)")
     ap.add_argument("--max-len", type=int, default=0, help="output limit in tokens (default 64 random, 128 trained)")
     ap.add_argument("--engines", nargs="+", default=["tformer", "tformer-top_k", "tformer-ids", "tformer-int8",
                                                          "ct2-fp32", "ct2-int8", "hf"])
@@ -256,7 +256,7 @@ def main() -> None:
     notes = []
     rows: list[tuple[str, float, str]] = []  # formatted once the ceiling's last measurement is in
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    for batch_size in args.batch_size:
+    for batch_size in args.batch_size if args.rounds else []:  # --rounds 0: memory alone (--memory)
         for engine in engines:  # warm-up: first calls pay for lazy initialisation
             for beam in args.beams:
                 if runs(engine, beam):
