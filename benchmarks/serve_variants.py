@@ -1,7 +1,7 @@
 """`tformer serve` throughput under N concurrent clients, several servers side by side taking turns: another
 checkout (before a change), this one, and this one with other flags (--precision bf16, --int8).
 
-    python benchmarks/serve_variants.py --checkpoint RUN [--before PATH] [--flags '--precision bf16' '--int8']
+    python benchmarks/serve_variants.py --checkpoint RUN [--before PATH] [--flags='--precision bf16' --flags=--int8]
                                         [--clients 16] [--requests 120] [--rounds 3] [--beam 4] [--record]
 
 Every server runs at once (each its own process, started the same way as benchmarks/serve_load.py does), and
@@ -30,7 +30,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--before", help="another checkout of tformer, served beside this one (e.g. a git worktree)")
-    ap.add_argument("--flags", nargs="*", default=["--precision bf16"], help="servers of this checkout with these")
+    ap.add_argument("--before-checkpoint", help="the checkpoint that checkout serves (default --checkpoint; an "
+                    "older checkout refuses config keys added since)")
+    ap.add_argument("--flags", action="append", default=[], help="a server of this checkout with these flags; "
+                    "repeat for several; write it with '=' (--flags='--precision bf16')")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=120)
     ap.add_argument("--rounds", type=int, default=3)
@@ -42,12 +45,14 @@ def main() -> None:
         sentences = [line.strip() for line in f if line.strip()]
     bodies = requests(sentences, args.requests, args.beam, args.seed)
     n_sentences = sum(len(b["src"]) for b in bodies)
-    variants = ([(f"before ({args.before})", Path(args.before), [])] if args.before else []) + \
-        [("this checkout", ROOT, [])] + [(f"this checkout, {f}", ROOT, shlex.split(f)) for f in args.flags]
+    ckpt = args.checkpoint
+    variants = ([(f"before ({args.before})", Path(args.before), [], args.before_checkpoint or ckpt)] if args.before
+                else []) + [("this checkout", ROOT, [], ckpt)] + \
+        [(f"this checkout, {f}", ROOT, shlex.split(f), ckpt) for f in args.flags]
     servers = {}
     try:
-        for name, repo, flags in variants:
-            servers[name] = start_server(args.checkpoint, *flags, repo=repo)
+        for name, repo, flags, checkpoint in variants:
+            servers[name] = start_server(checkpoint, *flags, repo=repo)
             post(servers[name][1], bodies[0])  # warm-up
         rates: dict[str, list[float]] = {name: [] for name in servers}
         latency: dict[str, list[float]] = {name: [] for name in servers}
