@@ -175,6 +175,10 @@ def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
     assert list(model.state_dict()) == keys
     assert model.generator.weight is model.tgt_embed.tokens.weight
     assert isinstance(model.generator, matmul.PrepackedLinear)
+    from tformer.attention import MultiHeadAttention
+
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert attentions and all(set(m.prepacked) == {"q", "kv"} for m in attentions)  # their parts as well
     x = torch.randn(2, 32, requires_grad=True)
     model.generator(x).sum().backward()
     assert x.grad is not None

@@ -119,13 +119,12 @@ class PrepackedLinear(nn.Linear):
 def prepack(model: nn.Module) -> nn.Module:
     """Put every nn.Linear of `model` (on the CPU, in eval mode, its weights in their final format) and every
     attention's in-projection parts on the measured choice, in place; nothing where `available()` is False.
-    Returns the model."""
-    from tformer.attention import MultiHeadAttention
-
+    Returns the model. A module with linear products of its own (MultiHeadAttention's in-projection parts) does
+    them in its `prepack()` method."""
     if not available() or next(model.parameters()).device.type != "cpu":
         return model
     for module in list(model.modules()):
-        if isinstance(module, MultiHeadAttention):
+        if callable(getattr(module, "prepack", None)):
             module.prepack()
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
