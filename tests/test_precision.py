@@ -85,6 +85,17 @@ def test_bf16_decodes_every_model_kind_with_fp32s_log_probabilities_to_its_toler
 
 
 @needs_bf16
+def test_a_bf16_models_sinusoid_table_grows_in_bf16():
+    """Past the table's first 1,024 positions it grows (sinusoids have no limit), still in the model's format:
+    a float32 table would turn the embeddings float32, which the bf16 layers refuse."""
+    fp32, bf16, _ = _pair("post-norm")
+    long = [list(range(4, 30)) * 50]  # 1,300 tokens
+    for g, w in zip(score_ids(bf16, long, [[5, 6, 7]]), score_ids(fp32, long, [[5, 6, 7]])):
+        _close(g, w)
+    assert bf16.src_embed.positions.table.dtype == torch.bfloat16
+
+
+@needs_bf16
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])
 def test_bf16_results_do_not_depend_on_the_batch(strategy):
     """Each sentence decoded alone equals the batch of sixteen (tokens, scores to 1e-4), as in fp32, though
@@ -168,7 +179,10 @@ def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
         for shape in ((1, 48), (7, 48), (3, 5, 48)):
             x = torch.randn(shape).to(dtype)
             torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), **tol)
-    # a model keeps its state dict and its tied generator; with gradients on, the plain product (it has one)
+    x = torch.randn(3, 48, dtype=dtype, requires_grad=True)  # with gradients on: the plain product, which has one
+    packed(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    # a model keeps its state dict and its tied generator
     model = build_model(ModelConfig(**BASE), 30, 30).eval()
     keys = list(model.state_dict())
     matmul.prepack(model)
