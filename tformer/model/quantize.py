@@ -4,7 +4,8 @@ Every linear layer (attention projections, FFN, generator) gets int8 weights, on
 quantizes its input on the fly, one scale per call: fbgemm's int8 matrix multiply then runs about 2.5x faster
 than fp32 on an AVX2 CPU. Embeddings, LayerNorm and attention itself stay fp32. The activation scale is taken
 over the whole batch, so unlike fp32 decoding an int8 output can change (slightly) with the sentences it is
-batched with; the BLEU change is reported in benchmarks/RESULTS.md.
+batched with; the BLEU change is reported in benchmarks/RESULTS.md. Loading reaches it through the shared
+precision policy (tformer.precision.for_inference), which refuses it together with bf16/fp16 weights.
 """
 
 from __future__ import annotations
