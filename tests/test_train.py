@@ -267,4 +267,5 @@ def test_reduced_precision_on_a_cpu_warns_only_without_its_units_and_names_them(
             precision.Precision("fp32", torch.device("cpu"))
         messages = [r.getMessage() for r in caplog.records]
         assert len(messages) == warned, messages  # fp32 never warns
-        assert all(m.startswith("train.precision=bf16 on cpu: this CPU has no avx512_bf16 or amx_bf16 ") for m in messages)
+        want = "train.precision=bf16 on cpu: this CPU has no avx512_bf16 or amx_bf16 "
+        assert all(m.startswith(want) for m in messages)

@@ -558,8 +558,8 @@ def load(path: str | Path | Sequence[str | Path], which: str = "best", *, device
     (process-wide). max_source_tokens: longer sources are refused (0: no limit). attention: the kernel
     ('sdpa', 'dense', 'graph'). decode: decoding defaults, DecodeConfig fields (beam_size=5, len_penalty=1.0,
     ...); two of them fix how the weights are held, for the Translator's life: precision='bf16' (or 'fp16';
-    tformer.precision) and quantize='int8'. overrides: the same as dotted strings ('decode.beam_size=5'); like the command line, only decode.*
-    and model.attention may change after training."""
+    tformer.precision) and quantize='int8'. overrides: the same as dotted strings ('decode.beam_size=5');
+    like the command line, only decode.* and model.attention may change after training."""
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ConfigError(f"threads must be a whole number >= 1, got {threads!r}")

@@ -67,10 +67,9 @@ def unsupported(precision: str, device: torch.device, flags: set[str] | None = N
 def check_decode(precision: str, quantize: str, device: torch.device, flags: set[str] | None = None) -> None:
     """ConfigError, naming the key, for a decoding precision this device cannot run natively, or for one
     combined with int8 weights."""
-    if precision != "fp32" and quantize != "none":
-        raise ConfigError(f"config key 'decode.precision': {precision} with decode.quantize={quantize}: int8 layers "
-                          f"take fp32 inputs, so the two do not combine; choose one (decode.precision=fp32 with "
-                          f"int8, or decode.quantize=none with {precision})")
+    from tformer.config import DecodeConfig
+
+    DecodeConfig(precision=precision, quantize=quantize)  # its own check refuses bf16 with int8, by key
     why = unsupported(precision, device, flags)
     if why:
         raise ConfigError(f"config key 'decode.precision': {precision} on {device.type}: {why}; PyTorch would emulate "

@@ -149,7 +149,8 @@ class ACTStack(nn.Module):
                 out = out.index_add(1, rows, w[:, rows, None] * new)
             extras.append(extra)
         ponder = act.ponder()
-        return self.norm(out.to(state.dtype)), extras, Ponder(layout.padded(ponder.steps), layout.padded(ponder.remainders))
+        steps, remainders = layout.padded(ponder.steps), layout.padded(ponder.remainders)
+        return self.norm(out.to(state.dtype)), extras, Ponder(steps, remainders)
 
     def _keys(self, x_in: Tensor, graph: Graph, rotary: Rotary | None) -> KV:
         """Self-attention keys and values (1, H, N, Dh) of the rows that running queries read (running or

@@ -135,7 +135,7 @@ class FrameEmbeddings(nn.Module):
         self.cmvn_scale.copy_(1.0 / std.clamp(min=1e-5))
 
     @property
-    def cmvn_dtype(self) -> torch.dtype:
+    def weight_dtype(self) -> torch.dtype:
         """The format the model's weights are held in (float32; bf16/fp16 when loaded so for decoding)."""
         return next(self.parameters()).dtype
 
@@ -150,7 +150,7 @@ class FrameEmbeddings(nn.Module):
         if frames.dim() != 3 or frames.shape[-1] != self.feature_dim or not frames.is_floating_point():
             raise ValueError(f"the frame encoder reads float frames (batch, frames, {self.feature_dim}); got "
                              f"{tuple(frames.shape)} {frames.dtype} (model.feature_dim={self.feature_dim})")
-        frames = self.normalise(frames.to(self.cmvn_dtype))  # the input's float frames in the model's format
+        frames = self.normalise(frames.to(self.weight_dtype))  # the input's float frames in the model's format
         if self.conv is not None:
             x, counts = self.conv(frames, counts)
             return self.norm(x), counts
