@@ -167,13 +167,13 @@ def test_the_command_line_flag_is_the_config_key():
     assert "decode.precision=bf16" in common.decode_overrides(args)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
 def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
     if not matmul.available():
         pytest.skip("no oneDNN prepacked linear in this build")
     torch.manual_seed(0)
     linear = torch.nn.Linear(48, 200).to(dtype)
-    packed = matmul.Prepacked(linear.weight.detach(), linear.bias.detach(), min_rows=1)
+    packed = matmul.Prepacked(linear.weight.detach(), linear.bias.detach(), (True,) * len(matmul.ROWS))
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     with torch.inference_mode():
         for shape in ((1, 48), (7, 48), (3, 5, 48)):
@@ -198,9 +198,28 @@ def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
     assert x.grad is not None
 
 
-def test_the_library_is_chosen_from_the_row_count_where_prepacked_wins_for_good(monkeypatch):
-    """The rule, on given times: prepacked from the fewest rows at which it wins at every larger count timed;
-    never, when it loses at the largest; each shape measured once per process."""
+def test_a_format_onednn_cannot_pack_here_is_never_prepacked(monkeypatch):
+    """oneDNN refuses to pack bf16 on a CPU without AVX-512 or AVX-NE-CONVERT (an AVX2 EPYC): the measured
+    choice is then the plain product, and a layer of that format runs as F.linear."""
+    if not matmul.available():
+        pytest.skip("no oneDNN prepacked linear in this build")
+
+    def refuse(weight):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert")
+
+    monkeypatch.setattr(matmul, "_CHOICES", {})
+    monkeypatch.setattr(matmul, "_reorder", refuse)
+    assert matmul.measure(48, 200, torch.bfloat16) == matmul.NEVER
+    linear = torch.nn.Linear(48, 200)
+    run = matmul.Prepacked.measured(linear.weight, linear.bias)
+    with torch.inference_mode():
+        x = torch.randn(300, 48)
+        assert torch.equal(run(x), F.linear(x, linear.weight, linear.bias)) and run.packed is None
+
+
+def test_each_row_count_runs_on_the_library_that_won_nearest_to_it(monkeypatch):
+    """The rule, on given times: a product of M rows is prepacked where prepacked won at the count timed
+    nearest to M (log scale), whatever it did at other counts; each shape is measured once per process."""
     if not matmul.available():
         pytest.skip("no oneDNN prepacked linear in this build")
     calls = []
@@ -213,13 +232,25 @@ def test_the_library_is_chosen_from_the_row_count_where_prepacked_wins_for_good(
             return 1.0 if prepacked == (rows in wins_at) else 2.0
         return seconds
 
-    for wins_at, want in (({16, 64, 256}, 16), ({4, 64, 256}, 64), ({1, 4, 16, 64}, matmul.NEVER),
-                          (set(matmul.ROWS), 1), (set(), matmul.NEVER)):
+    assert [matmul.nearest(m) for m in (1, 2, 3, 5, 6, 11, 12, 22, 24, 32, 300, 5000)] == [0, 1, 2, 2, 3, 3, 4, 4, 5,
+                                                                                             5, 8, 8]
+    linear = torch.nn.Linear(8, 12)
+    for wins_at in ({8, 16, 32}, {1, 2, 256}, set(), set(matmul.ROWS)):  # wins in the middle only, at the ends
         calls.clear()
         monkeypatch.setattr(matmul, "_CHOICES", {})
         monkeypatch.setattr(matmul, "_seconds", fake(wins_at))
+        want = tuple(r in wins_at for r in matmul.ROWS)
         assert matmul.measure(8, 12, torch.float32) == want, wins_at
         assert matmul.measure(8, 12, torch.float32) == want and len(calls) == 2 * len(matmul.ROWS)  # cached
+        run = matmul.Prepacked.measured(linear.weight, linear.bias)
+        used = []
+        monkeypatch.setattr(matmul, "_packed_linear", lambda x, packed, bias: used.append(x.shape[0]) or x[:, :1])
+        with torch.inference_mode():
+            for m in (1, 3, 12, 24, 40, 200, 600):
+                run(torch.randn(m, 8))
+        assert used == [m for m in (1, 3, 12, 24, 40, 200, 600) if matmul.ROWS[matmul.nearest(m)] in wins_at]
+        assert (run.packed is None) == (not used)  # no packed copy where prepacked never ran
+        monkeypatch.undo()
     monkeypatch.setenv("TFORMER_PREPACK", "0")
     model = build_model(ModelConfig(**BASE), 30, 30).eval()
     assert not any(isinstance(m, matmul.PrepackedLinear) for m in matmul.prepack(model).modules())

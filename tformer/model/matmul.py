@@ -6,10 +6,12 @@ uses: `mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`) is faster for
 on a Xeon with AMX, prepacked fp32 ran a 512 -> 58k product 1.4-2x as fast as MKL from 4 rows up, while at 1-8
 rows MKL ran the 512 x 512 products in half the time; on an AMD EPYC (Zen 4), whose MKL has no fast path,
 prepacked ran 1.1-2.7x faster from 8 rows (benchmarks/RESULTS.md). So each distinct (in, out, format) shape
-is timed both ways at a few row counts, once per process, and a layer uses the prepacked weight from the
-row count where it wins on (`min_rows`; never, when it never wins). The prepacked copy is made then, and
-costs the layer's weight size again in memory (the plain weight stays: tied embeddings read it, and small
-batches use it).
+is timed both ways at the row counts 1, 2, 4, ..., 256, once per process, and a product of M rows runs on the
+library that won at the count timed nearest to M. A rule "prepacked from the count where it wins for good"
+was too coarse: on an AMD EPYC (Zen 3, AVX2) prepacked ran the 512 x 512 .. 2048 products 1.2-1.4x as fast as
+MKL at 8-32 rows but lost at 128-256, so greedy steps of 32 sentences ran on MKL. The prepacked copy is made at
+the first product that uses it (never, where prepacked never wins), and costs the layer's weight size again
+in memory (the plain weight stays: tied embeddings read it, and the counts where MKL won use it).
 
 Both libraries compute in the weights' format and accumulate in fp32, but in different orders: a layer's
 output can differ in the last bits between the two, so the choice is made per shape for the whole process,
@@ -21,6 +23,7 @@ the row count). TFORMER_PREPACK=0 keeps PyTorch's own choice everywhere.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -29,15 +32,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-NEVER = 1 << 62
-ROWS = (1, 4, 16, 64, 256)  # the row counts timed: one sentence's greedy step up to a beam over a batch
-_CHOICES: dict[tuple[int, int, torch.dtype, int], int] = {}  # (in, out, dtype, threads) -> min_rows, per process
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the row counts timed (powers of two): one sentence's greedy step
+# up to a beam over a batch
+NEVER = (False,) * len(ROWS)
+Wins = tuple[bool, ...]  # per count of ROWS: whether the prepacked product beat the plain one there
+_CHOICES: dict[tuple[int, int, torch.dtype, int], Wins] = {}  # (in, out, dtype, threads) -> wins, per process
 
 
 def available() -> bool:
     """oneDNN's prepacked linear can run here (a CPU build with mkldnn), and TFORMER_PREPACK is not 0."""
     return (os.environ.get("TFORMER_PREPACK", "1") != "0" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def _reorder(weight: Tensor) -> Tensor:
+    """The weight in oneDNN's blocked layout; RuntimeError where oneDNN has no kernel for its format here."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
 
 def _packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
@@ -54,15 +64,29 @@ def _seconds(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure(in_features: int, out_features: int, dtype: torch.dtype) -> int:
-    """The fewest rows (of ROWS) from which the prepacked product beats the plain one at every larger count
-    timed, on random data of this shape and format; NEVER when it does not win at the largest. Cached."""
+_NEAREST = [min(len(ROWS) - 1, max(0, round(math.log2(max(m, 1))))) for m in range(2 * ROWS[-1])]
+
+
+def nearest(rows: int) -> int:
+    """The index in ROWS of the row count timed nearest to `rows` on a log scale (the last beyond it): looked up,
+    as it is asked at every product."""
+    return _NEAREST[rows] if rows < len(_NEAREST) else len(ROWS) - 1
+
+
+def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
+    """Per count of ROWS, whether the prepacked product beat the plain one on random data of this shape and
+    format; all False (NEVER) where oneDNN cannot pack this format here (bf16 on a CPU with neither AVX-512 nor
+    AVX-NE-CONVERT). Cached per process."""
     key = (in_features, out_features, dtype, torch.get_num_threads())
     if key not in _CHOICES:
         g = torch.Generator().manual_seed(0)
         weight = (torch.randn(out_features, in_features, generator=g) * 0.02).to(dtype)
         bias = torch.zeros(out_features, dtype=dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        try:
+            packed = _reorder(weight)
+        except RuntimeError:  # oneDNN has no kernel for this format here: the plain product it is
+            _CHOICES[key] = NEVER
+            return NEVER
         wins = []
         with torch.inference_mode():
             for rows in ROWS:
@@ -70,29 +94,27 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype) -> int:
                 plain = _seconds(lambda: F.linear(x, weight, bias))
                 fast = _seconds(lambda: _packed_linear(x, packed, bias))
                 wins.append(fast < plain)
-        choice = NEVER
-        for rows, win in zip(reversed(ROWS), reversed(wins)):
-            if not win:
-                break
-            choice = rows
-        _CHOICES[key] = choice
+        _CHOICES[key] = tuple(wins)
     return _CHOICES[key]
 
 
 class Prepacked:
-    """y = x W^T + b on the measured choice: x with at least `min_rows` rows (all dimensions but the last)
-    through oneDNN with W prepacked (packed at the first such call), fewer through F.linear. Inference only:
-    with gradients enabled it is F.linear."""
+    """y = x W^T + b on the measured choice: x of M rows (all dimensions but the last) through oneDNN with W
+    prepacked (packed at the first such call) where the prepacked product won at the row count timed nearest
+    to M (`wins`, per count of ROWS), through F.linear elsewhere. Inference only: with gradients enabled it is
+    F.linear."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, min_rows: int) -> None:
-        self.weight, self.bias, self.min_rows = weight, bias, min_rows
+    def __init__(self, weight: Tensor, bias: Tensor | None, wins: Wins) -> None:
+        if len(wins) != len(ROWS):
+            raise ValueError(f"wins has {len(wins)} entries, one per count of ROWS ({len(ROWS)}) expected")
+        self.weight, self.bias, self.wins = weight, bias, tuple(wins)
         self.packed: Tensor | None = None
 
     def __call__(self, x: Tensor) -> Tensor:
-        if x.numel() < self.min_rows * x.shape[-1] or torch.is_grad_enabled():
+        if not self.wins[nearest(x.numel() // x.shape[-1])] or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         if self.packed is None:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+            self.packed = _reorder(self.weight.detach())
         return _packed_linear(x, self.packed, self.bias)
 
     @classmethod
