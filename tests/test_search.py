@@ -11,8 +11,8 @@ import torch
 from conftest import assert_follows_input_device
 from tformer.config import DecodeConfig
 from tformer.data import Vocab
-from tformer.decode import (TensorCache, beam_search, forbid, force, greedy_search, length_penalty, max_lengths,
-                            prefix_table, sample, search, select_rows, stopped)
+from tformer.decode import (TensorCache, beam_search, forbid, force, forced_scores, greedy_search, length_penalty,
+                            log_probs, max_lengths, prefix_table, sample, search, select_rows, stopped)
 from tformer.decode.beam import Finished, penalties
 from tformer.decode.common import row_max, row_topk
 
@@ -191,7 +191,10 @@ def test_the_helpers_put_every_tensor_on_their_inputs_device():
     assert_follows_input_device(max_lengths, limit, 1.5, 2)
     history = torch.tensor([[4, 5, 6, 4, 5], [4, 4, 4, 4, 4]])
     assert_follows_input_device(lambda x: forbid(x.clone(), history, 5, EOS, 6, 3), torch.zeros(2, V))
-    assert_follows_input_device(force, torch.randn(3, V), torch.randn(3, V), torch.tensor([4, -1, 6]))
+    forced = torch.tensor([4, -1, 6])
+    assert_follows_input_device(lambda x, scores: force(x.clone(), forced, scores), torch.randn(3, V), torch.randn(3))
+    assert_follows_input_device(forced_scores, torch.randn(3, V), forced)
+    assert_follows_input_device(lambda x: log_probs(x.clone()), torch.randn(3, V))
     wide = torch.randn(3, 6000)  # wide enough for the grouped path
     assert_follows_input_device(row_topk, wide, 4)
     assert_follows_input_device(row_max, wide)
@@ -635,3 +638,45 @@ def test_greedy_scores_are_the_float64_sums_of_the_float32_log_probabilities():
         want += float(torch.log_softmax(torch.tensor(row), -1)[tok])
         hist.append(tok)
     assert got.scores[0] == want
+
+
+def test_log_probs_write_over_a_steps_own_logits_and_never_over_a_view_of_someone_elses():
+    x = torch.randn(4, 50)
+    want = torch.log_softmax(x, dim=-1)
+    fresh = x.clone()
+    got = log_probs(fresh)
+    assert got.data_ptr() == fresh.data_ptr() and torch.equal(got, want)  # in place: no (N, V) allocation
+    table = torch.randn(3, 4, 50)
+    before = table.clone()
+    assert torch.equal(log_probs(table[1]), torch.log_softmax(table[1], dim=-1)) and torch.equal(table, before)
+    half = x.bfloat16()
+    assert torch.equal(log_probs(half), torch.log_softmax(half.float(), dim=-1))
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_a_search_step_allocates_no_vocabulary_sized_tensor_beyond_the_logits(strategy):
+    """Oracle: torch.profiler's record of every allocation. Of the (N, V) tensors made during the search, the
+    step function's own logits are the only ones (the log-softmax is written over them, the rules edit them in
+    place); a prefix being forced costs none either."""
+    from torch.profiler import ProfilerActivity, profile
+
+    B, K, Vbig, steps = 3, 2, 4000, 6
+
+    def step(prev, cache):
+        t = cache["hyp.t"]
+        g = torch.Generator().manual_seed(int(t.sum()))
+        logits = torch.randn(prev.shape[0], Vbig, generator=g)
+        logits[:, EOS] = -30.0  # nobody ends early: every step runs with every row
+        return logits, TensorCache({"hyp.t": t + 1})
+
+    cache = TensorCache({"hyp.t": torch.zeros(B, dtype=torch.long)})
+    limit = torch.full((B,), steps)
+    prefix = [[7, 8], None, [9]]
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        if strategy == "greedy":
+            greedy_search(step, cache, BOS, EOS, limit, prefix=prefix, no_repeat_ngram=2)
+        else:
+            beam_search(step, cache, BOS, EOS, limit, K, prefix=prefix, no_repeat_ngram=2)
+    wide = [e for e in prof.events() if e.self_cpu_memory_usage >= B * Vbig * 4]  # at least B rows of V floats
+    makers = [e.name for e in wide if e.name not in ("aten::empty", "aten::empty_strided")]
+    assert len(wide) == steps and not makers, [(e.name, e.self_cpu_memory_usage) for e in wide]

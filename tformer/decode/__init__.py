@@ -24,14 +24,14 @@ from torch import Tensor
 from tformer.config import DecodeConfig
 from tformer.data.vocab import Vocab
 from tformer.decode.beam import beam_search, length_penalty
-from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, Stop, TensorCache, forbid, force, max_lengths,
-                                   prefix_table, select_rows, stopped)
+from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, Stop, TensorCache, forbid, force, forced_scores,
+                                   log_probs, max_lengths, prefix_table, select_rows, stopped)
 from tformer.decode.greedy import greedy_search
 from tformer.decode.sampling import filter_logits, sample
 
 __all__ = ["Cache", "Hypotheses", "NBest", "StepFn", "Stop", "TensorCache", "beam_search", "filter_logits", "forbid",
-           "force", "greedy_search", "length_penalty", "max_lengths", "prefix_table", "sample", "search", "select_rows",
-           "stopped"]
+           "force", "forced_scores", "greedy_search", "length_penalty", "log_probs", "max_lengths", "prefix_table",
+           "sample", "search", "select_rows", "stopped"]
 
 
 def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,

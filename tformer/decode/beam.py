@@ -52,7 +52,8 @@ import bisect
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, Stop, forbid, force, prefix_table, row_topk, stopped
+from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, log_probs, prefix_table,
+                                   row_topk, stopped)
 
 FINISH_RULES = ("all", "top_k")
 PENALTIES = ("gnmt", "power")
@@ -138,12 +139,14 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             cache = cache.reorder(keep_rows, keep)
         L, k = scores.shape
         logits, cache = step(prev, cache)  # (L*k, V)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (L*k, V)
+        logp = log_probs(logits)  # (L*k, V), over the logits
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
-        raw = logp.clone() if forcing else logp
+        if forcing:
+            forced = prefix[sent, t].repeat_interleave(k)  # (L*k,) the prefix token due, -1 past the prefix
+            kept = forced_scores(logp, forced)  # (L*k,) before the rules
         ranked = forbid(logp, history, t, eos, min_len, no_repeat_ngram)  # in place
         if forcing:  # the prefix token keeps its own log-probability; every row is computed alike
-            ranked = force(raw, ranked, prefix[sent, t].repeat_interleave(k))
+            ranked = force(ranked, forced, kept)  # in place
         V = ranked.shape[-1]
         t += 1
         base = scores.reshape(L * k, 1)  # (L*k, 1): a candidate's raw score is base + its log-probability

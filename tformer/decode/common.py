@@ -18,7 +18,7 @@ class Cache(Protocol):
         ...
 
 
-StepFn = Callable[[Tensor, Cache], "tuple[Tensor, Cache]"]
+StepFn = Callable[[Tensor, Cache], "tuple[Tensor, Cache]"]  # the logits it returns are the search's to overwrite
 Stop = Callable[[list[int]], list[bool]]  # the batch's sentences still decoding -> which to stop now
 
 
@@ -98,14 +98,31 @@ def forbid(logp: Tensor, history: Tensor, t: int, eos: int, min_len: int, no_rep
     return logp
 
 
-def force(logp: Tensor, allowed: Tensor, forced: Tensor) -> Tensor:
-    """The prefix rule, applied after `forbid`: a row still inside its prefix (its `forced` (N,) entry is the
-    token due next, >= 0) may take that token only, at its score in `logp` (N, V: log-probabilities or logits)
-    before the rules (they never forbid a prefix token); every other token is -inf. Rows past their prefix (-1)
-    keep `allowed` (N, V), the scores the rules left. Returns a new tensor."""
-    tok = forced.clamp(min=0)[:, None]  # (N, 1)
-    only = torch.full_like(logp, float("-inf")).scatter(1, tok, logp.gather(1, tok))  # (N, V)
-    return torch.where((forced >= 0)[:, None], only, allowed)
+def log_probs(logits: Tensor) -> Tensor:
+    """log_softmax over the vocabulary, in fp32, for a step's logits (N, V). Written over them when they are
+    fp32 already and own their memory (a step's fresh output: the search's to overwrite), so a step allocates
+    no (N, V) tensor for it; into a new tensor otherwise (bf16 logits, or a view of someone else's)."""
+    if logits.dtype == torch.float32 and logits._base is None and logits.is_contiguous() and not logits.requires_grad:
+        return torch.log_softmax(logits, dim=-1, out=logits)
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def forced_scores(logp: Tensor, forced: Tensor) -> Tensor:
+    """(N,) the score in `logp` (N, V) of each row's `forced` token (-1 past its prefix: any value), read
+    before the rules change `logp`: what `force` gives the prefix token."""
+    return logp.gather(1, forced.clamp(min=0)[:, None])[:, 0]
+
+
+def force(allowed: Tensor, forced: Tensor, scores: Tensor) -> Tensor:
+    """The prefix rule, applied after `forbid`, in place: a row still inside its prefix (its `forced` (N,)
+    entry is the token due next, >= 0) may take that token only, at `scores` (N,) (its log-probability or
+    logit before the rules, from `forced_scores`: the rules never forbid a prefix token); every other token
+    is -inf. Rows past their prefix (-1) keep `allowed` (N, V), the scores the rules left. Returns `allowed`."""
+    rows = (forced >= 0).nonzero()[:, 0]  # (R,) rows inside their prefix
+    if rows.numel():
+        allowed.index_fill_(0, rows, float("-inf"))
+        allowed[rows, forced[rows]] = scores[rows].to(allowed.dtype)
+    return allowed
 
 
 def _group_width(V: int) -> int | None:

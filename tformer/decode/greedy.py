@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import (Cache, Hypotheses, StepFn, Stop, forbid, force, prefix_table, row_max, select_rows,
-                                   stopped)
+from tformer.decode.common import (Cache, Hypotheses, StepFn, Stop, forbid, force, forced_scores, log_probs,
+                                   prefix_table, row_max, select_rows, stopped)
 
 
 def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, min_len: int = 0,
@@ -40,13 +40,15 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
                 break
             cache = select_rows(cache, keep)
         logits, cache = step(prev, cache)  # (B_rows, V)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (B_rows, V)
+        logp = log_probs(logits)  # (B_rows, V), over the logits
         history = out[active, :t] if no_repeat_ngram else out[:0, :t]  # (B_rows, t): only the n-gram rule reads it
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
-        raw = logp.clone() if forcing else logp
+        if forcing:
+            forced = prefix[active, t]  # (B_rows,) the prefix token due, -1 past the prefix
+            kept = forced_scores(logp, forced)  # (B_rows,) before the rules
         allowed = forbid(logp, history, t, eos, min_len, no_repeat_ngram)  # in place
         if forcing:  # the prefix token keeps its own log-probability; every row is computed alike
-            allowed = force(raw, allowed, prefix[active, t])
+            allowed = force(allowed, forced, kept)  # in place
         best_logp, best = row_max(allowed)  # (B_rows,)
         best = torch.where(running, best, eos)  # a finished row carried along writes nothing
         scores.index_add_(0, active, torch.where(running, best_logp, 0.0).double())

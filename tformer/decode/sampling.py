@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import Cache, NBest, StepFn, Stop, forbid, force, prefix_table, select_rows, stopped
+from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, prefix_table, select_rows,
+                                   stopped)
 
 
 def top_p_mask(probs: Tensor, top_p: float) -> Tensor:
@@ -71,7 +72,7 @@ def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids:
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
         if forcing:
             forced = prefix[hyp_sent[live], t]  # (N_live,) the prefix token due, -1 past the prefix
-            logp = force(torch.log_softmax(logits.float() / temperature, dim=-1), logp, forced)
+            logp = force(logp, forced, forced_scores(torch.log_softmax(logits.float() / temperature, dim=-1), forced))
         probs = logp.exp().cpu()
         u = torch.stack([torch.rand((), generator=gens[r], device="cpu") for r in live.tolist()])  # (N_live,)
         cdf = probs.cumsum(-1)

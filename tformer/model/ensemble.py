@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from tformer.decode.common import log_probs
 from tformer.model.cache import DecoderCache
 from tformer.model.transformer import EncoderOutput, Transformer
 
@@ -59,5 +60,5 @@ class Ensemble(nn.Module):
     def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> tuple[Tensor, EnsembleCache]:
         """tokens (N,) -> the mean of the models' log-probabilities (N, V) and the caches with this position."""
         steps = [m.decode_step(tokens, c) for m, c in zip(self.models, cache.caches)]
-        logp = torch.stack([torch.log_softmax(logits.float(), dim=-1) for logits, _ in steps]).mean(0)  # (N, V)
+        logp = torch.stack([log_probs(logits) for logits, _ in steps]).mean(0)  # (N, V)
         return logp, EnsembleCache([c for _, c in steps])
