@@ -68,11 +68,11 @@ def _by_hand(q, k, v, mask=None, bias=None, scale=None):
 
 
 @pytest.mark.parametrize("kernel", [dense_attention, sdpa_attention])
-@pytest.mark.parametrize("n_queries", [1, 8, 9, 12])  # on either side of SDPA_CPU_MIN_QUERIES
-def test_kernels_are_softmax_of_scaled_scores_plus_bias_written_out(kernel, n_queries):
+@pytest.mark.parametrize("n_queries,B", [(1, 2), (8, 2), (9, 2), (12, 2), (1, 16), (4, 16), (9, 16)])  # on either
+def test_kernels_are_softmax_of_scaled_scores_plus_bias_written_out(kernel, n_queries, B):  # side of SDPA_CPU_*
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 3, L, 4, dtype=torch.float64, generator=g) for L in (n_queries, 6, 6))
-    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]  # (B, 1, 1, S)
+    q, k, v = (torch.randn(B, 3, L, 4, dtype=torch.float64, generator=g) for L in (n_queries, 6, 6))
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2] * (B // 2))[:, None, None, :]  # (B, 1, 1, S)
     bias = torch.randn(1, 3, n_queries, 6, dtype=torch.float64, generator=g)
     for kwargs in ({}, {"scale": 0.3}, {"mask": mask}, {"bias": bias}, {"mask": mask, "bias": bias, "scale": 2.0}):
         want, want_w = _by_hand(q, k, v, **kwargs)

@@ -60,9 +60,12 @@ def dense_attention(
 
 # A decoding step's self-attention has 1 query per hypothesis and no mask: on a CPU, unmasked attention with
 # fewer queries than this runs faster through the dense kernel's two matmuls than through SDPA's flash kernel
-# (up to 1.8x for 320 hypotheses x 16 keys); with a padding mask, or from here on, SDPA is as fast or faster
-# (benchmarks/attention_kernels.py).
+# (up to 1.8x for 320 hypotheses x 16 keys). Beam search's cross-attention folds a sentence's K hypotheses into
+# K queries against its padded source: with 2-8 queries over 16 sentences or more, the dense kernel ran 1.4-2.1x
+# as fast as SDPA on a Xeon and 1.7-3.2x on an AMD EPYC (Zen 3), mask or not; with one query (greedy), or few
+# sentences, SDPA is as fast or faster (benchmarks/attention_kernels.py).
 SDPA_CPU_MIN_QUERIES = 9
+SDPA_CPU_FOLDED_ROWS = 16
 
 
 def _like(bias: Tensor | None, q: Tensor) -> Tensor | None:
@@ -82,7 +85,9 @@ def sdpa_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
     cpu = q.device.type == "cpu"
-    few = cpu and mask is None and q.shape[-2] < SDPA_CPU_MIN_QUERIES  # a decoding step's self-attention
+    T = q.shape[-2]
+    few = cpu and T < SDPA_CPU_MIN_QUERIES and (mask is None  # a decoding step's self-attention
+                                                or (T > 1 and q.shape[0] >= SDPA_CPU_FOLDED_ROWS))  # beams folded
     if need_weights or (dropout_p > 0 and cpu) or few:
         # weights exist only in the dense kernel; with dropout on a CPU, torch 2.13 picks SDPA's MATH
         # backend (torch._fused_sdp_choice == SDPBackend.MATH): the dense kernel's computation, but with
