@@ -77,7 +77,8 @@ def opus_base_folder(out: Path) -> Path:
                        vocab_size=58101, n_sentences=29000, init_std=0.02, eos_bias=0.0, drop_piece=None)
 
 
-MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "quantized::linear_dynamic")
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "quantized::linear_dynamic",
+                   "mkldnn::_linear_pointwise")  # the last: the prepacked products (tformer.model.matmul)
 
 
 def outside_matrix_products(fn) -> tuple[float, float]:
