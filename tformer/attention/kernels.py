@@ -85,9 +85,11 @@ def sdpa_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
     cpu = q.device.type == "cpu"
-    T = q.shape[-2]
-    few = cpu and T < SDPA_CPU_MIN_QUERIES and (mask is None  # a decoding step's self-attention
-                                                or (T > 1 and q.shape[0] >= SDPA_CPU_FOLDED_ROWS))  # beams folded
+    if mask is None:  # a decoding step's self-attention
+        few = cpu and q.shape[-2] < SDPA_CPU_MIN_QUERIES
+    else:  # beams folded into queries; never while tracing (an export's dynamic batch and lengths stay symbolic)
+        few = (cpu and not torch.compiler.is_compiling() and 1 < q.shape[-2] < SDPA_CPU_MIN_QUERIES
+               and q.shape[0] >= SDPA_CPU_FOLDED_ROWS)
     if need_weights or (dropout_p > 0 and cpu) or few:
         # weights exist only in the dense kernel; with dropout on a CPU, torch 2.13 picks SDPA's MATH
         # backend (torch._fused_sdp_choice == SDPBackend.MATH): the dense kernel's computation, but with

@@ -101,8 +101,8 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
 class Prepacked:
     """y = x W^T + b on the measured choice: x of M rows (all dimensions but the last) through oneDNN with W
     prepacked (packed at the first such call) where the prepacked product won at the row count timed nearest
-    to M (`wins`, per count of ROWS), through F.linear elsewhere. Inference only: with gradients enabled it is
-    F.linear."""
+    to M (`wins`, per count of ROWS), through F.linear elsewhere. Inference only: with gradients enabled, or traced with a symbolic row
+    count (an export), it is F.linear."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, wins: Wins) -> None:
         if len(wins) != len(ROWS):
@@ -111,8 +111,9 @@ class Prepacked:
         self.packed: Tensor | None = None
 
     def __call__(self, x: Tensor) -> Tensor:
-        if not self.wins[nearest(x.numel() // x.shape[-1])] or torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
+        rows = x.numel() // x.shape[-1]
+        if torch.is_grad_enabled() or not isinstance(rows, int) or not self.wins[nearest(rows)]:
+            return F.linear(x, self.weight, self.bias)  # (symbolic rows: traced for export, which needs F.linear)
         if self.packed is None:
             self.packed = _reorder(self.weight.detach())
         return _packed_linear(x, self.packed, self.bias)
