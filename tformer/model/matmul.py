@@ -101,8 +101,8 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
 class Prepacked:
     """y = x W^T + b on the measured choice: x of M rows (all dimensions but the last) through oneDNN with W
     prepacked (packed at the first such call) where the prepacked product won at the row count timed nearest
-    to M (`wins`, per count of ROWS), through F.linear elsewhere. Inference only: with gradients enabled, or traced with a symbolic row
-    count (an export), it is F.linear."""
+    to M (`wins`, per count of ROWS), through F.linear elsewhere. Inference only: with gradients enabled, or
+    traced with a symbolic row count (an export), it is F.linear."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, wins: Wins) -> None:
         if len(wins) != len(ROWS):
