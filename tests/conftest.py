@@ -34,6 +34,21 @@ SCALE = {"ci": 1, "random": 1, "long": 20}[PROFILE]
 # max(1, |value|), so a sum within REL of its absolute value plus REL per token.
 REL = 1e-5
 
+# The device the model oracles run on (cached == full, kernels == dense, batch invariance, beam == its uncached
+# reference, bf16 against fp32): TFORMER_TEST_DEVICE=cuda runs them on a GPU, `pytest -m device` runs only them.
+# The models are built on the CPU (the same seeded weights everywhere) and moved there.
+TEST_DEVICE = torch.device(os.environ.get("TFORMER_TEST_DEVICE", "cpu"))
+
+
+def pytest_configure(config):
+    if TEST_DEVICE.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"TFORMER_TEST_DEVICE={TEST_DEVICE} but PyTorch sees no CUDA device here")
+
+
+def on_device(model):
+    """`model` on TEST_DEVICE (its eval/train mode kept)."""
+    return model.to(TEST_DEVICE)
+
 
 def assert_same_scores(got, want) -> None:
     """`got` and `want`, lists of tformer Score (forced decoding) for the same pairs, agree as batching promises:
@@ -69,8 +84,9 @@ def padded_batch(lengths: list[int], seed: int, vocab: int = 20) -> tuple[torch.
 
 def assert_steps_equal_full_forward(model) -> None:
     """Decoding a padded batch one position at a time with the cache gives the full forward's logits."""
-    src, sl = padded_batch([7, 4], seed=2)
-    tgt, tl = padded_batch([6, 3], seed=3)
+    model = on_device(model)
+    src, sl = (t.to(TEST_DEVICE) for t in padded_batch([7, 4], seed=2))
+    tgt, tl = (t.to(TEST_DEVICE) for t in padded_batch([6, 3], seed=3))
     with torch.no_grad():
         full = model.generator(model(src, sl, tgt, tl).padded())  # (B, T, V)
         cache = model.init_cache(model.encode(src, sl))
@@ -85,12 +101,13 @@ def assert_kernels_and_batching_agree(dense, build) -> None:
     a model), and each sentence decoded alone equals the batch of seven."""
     import dataclasses
 
-    src, sl = padded_batch([9, 2, 5, 7, 1, 4, 6], seed=5)
-    tgt, tl = padded_batch([7, 1, 4, 3, 2, 6, 5], seed=6)
+    dense = on_device(dense)
+    src, sl = (t.to(TEST_DEVICE) for t in padded_batch([9, 2, 5, 7, 1, 4, 6], seed=5))
+    tgt, tl = (t.to(TEST_DEVICE) for t in padded_batch([7, 1, 4, 3, 2, 6, 5], seed=6))
     with torch.no_grad():
         want = dense(src, sl, tgt, tl).real()  # (Nt, D)
         for attention in ("sdpa", "graph"):
-            other = build(dataclasses.replace(dense.cfg, attention=attention)).eval()
+            other = on_device(build(dataclasses.replace(dense.cfg, attention=attention)).eval())
             other.load_state_dict(dense.state_dict())
             torch.testing.assert_close(other(src, sl, tgt, tl).real(), want, rtol=1e-5, atol=2e-5)
         alone = torch.cat([dense(src[i:i + 1, :sl[i]], sl[i:i + 1], tgt[i:i + 1, :tl[i]], tl[i:i + 1]).real()

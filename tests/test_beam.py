@@ -13,6 +13,9 @@ from tformer.decode import TensorCache, beam_search, filter_logits, greedy_searc
 from tformer.inference import translate_ids
 from tformer.model import build_model
 
+from conftest import TEST_DEVICE, on_device
+
+pytestmark = pytest.mark.device
 EOS, BOS = Vocab.eos, Vocab.bos
 V = 7  # 4 specials + tokens 4, 5, 6
 
@@ -189,7 +192,7 @@ def _model(**kw):
     with torch.no_grad():  # a peaky output layer, so that searches disagree and ties are rare
         for p in model.generator.parameters():
             p.mul_(4.0)
-    return model
+    return on_device(model)
 
 
 def _sources(n, seed=5):
@@ -229,14 +232,14 @@ def _reference_beam(model, src_ids, K, alpha, max_len, finish):
     finished and the best live hypothesis (normalised at its length) does not beat the K-th finished. all:
     every live hypothesis's </s> extension finishes; the K best others go on; stop at the limit or when the
     best live raw score over the largest penalty still reachable does not beat the best finished."""
-    src = torch.tensor([src_ids + [EOS]])
-    enc = model.encode(src, torch.tensor([src.shape[1]]))
+    src = torch.tensor([src_ids + [EOS]], device=TEST_DEVICE)
+    enc = model.encode(src, torch.tensor([src.shape[1]], device=TEST_DEVICE))
     alive, finished = [(0.0, [])], []
     for t in range(1, max_len + 1):
         cands = []
         for k, (score, toks) in enumerate(alive):
-            prefix = torch.tensor([[BOS] + toks])
-            hidden = model.decode(prefix, torch.tensor([prefix.shape[1]]), enc).hidden
+            prefix = torch.tensor([[BOS] + toks], device=TEST_DEVICE)
+            hidden = model.decode(prefix, torch.tensor([prefix.shape[1]], device=TEST_DEVICE), enc).hidden
             logp = torch.log_softmax(model.generator(hidden[0, -1]), -1)
             logp[[Vocab.pad, BOS]] = float("-inf")  # never generated
             cands += [(score + float(logp[v]), k, v) for v in range(logp.shape[0])]
@@ -320,9 +323,10 @@ def test_beam_scores_equal_teacher_forced_rescoring_and_memory_is_not_copied():
     assert all(n == 4 * b for n, b in rows_seen[1:])
     for s, hyps, scores in zip(sources, got.tokens, got.scores):
         for toks, score in zip(hyps, scores):
-            src = torch.tensor([s + [EOS]])
-            tgt_in = torch.tensor([[BOS] + toks])
-            hidden = model(src, torch.tensor([src.shape[1]]), tgt_in, torch.tensor([tgt_in.shape[1]])).hidden
+            src = torch.tensor([s + [EOS]], device=TEST_DEVICE)
+            tgt_in = torch.tensor([[BOS] + toks], device=TEST_DEVICE)
+            lengths = torch.tensor([src.shape[1]], device=TEST_DEVICE), torch.tensor([tgt_in.shape[1]], device=TEST_DEVICE)
+            hidden = model(src, lengths[0], tgt_in, lengths[1]).hidden
             logp = torch.log_softmax(model.generator(hidden[0]), -1)
             targets = toks + [EOS]
             n = len(targets) if len(toks) < len(s) + 3 else len(toks)  # cut at the limit: no </s>

@@ -20,6 +20,8 @@ from tformer.export import check_exportable
 from tformer.model.layers import FeedForward
 from tformer.norms import RMSNorm
 
+pytestmark = pytest.mark.device
+
 OPTIONS = [dict(norm_layer="rmsnorm"), dict(norm_layer="rmsnorm", norm="pre"), dict(ffn="glu", activation="silu"),
            dict(ffn="glu", activation="gelu"), dict(qk_norm=True),
            dict(kv_heads=1), dict(kv_heads=2),

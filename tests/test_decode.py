@@ -4,6 +4,7 @@ that forbid tokens (minimum length, repeated n-grams); batches by token budget; 
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,21 +16,26 @@ from tformer.decode.sampling import top_p_mask
 from tformer.inference import batching, translate_ids
 from tformer.model import build_model
 
+from conftest import TEST_DEVICE, on_device
+
+pytestmark = pytest.mark.device
+
 
 def _model(**kw):
     cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, **kw)
     torch.manual_seed(1)
-    return build_model(cfg, 15, 15).eval()
+    return on_device(build_model(cfg, 15, 15).eval())
 
 
 def _uncached_greedy(model, src_ids, max_len):
     """Re-run the whole decoder on the prefix at every step: no cache at all."""
-    src = torch.tensor([src_ids + [Vocab.eos]])
-    enc = model.encode(src, torch.tensor([src.shape[1]]))
+    src = torch.tensor([src_ids + [Vocab.eos]], device=TEST_DEVICE)
+    enc = model.encode(src, torch.tensor([src.shape[1]], device=TEST_DEVICE))
     prefix = [Vocab.bos]
     out = []
     for _ in range(max_len):
-        hidden = model.decode(torch.tensor([prefix]), torch.tensor([len(prefix)]), enc).hidden
+        hidden = model.decode(torch.tensor([prefix], device=TEST_DEVICE), torch.tensor([len(prefix)], device=TEST_DEVICE),
+                              enc).hidden
         logits = model.generator(hidden[0, -1])
         logits[[Vocab.pad, Vocab.bos]] = float("-inf")  # never generated
         tok = int(logits.argmax())
@@ -50,9 +56,10 @@ def test_cached_greedy_equals_uncached_and_teacher_forced_argmax():
         for src_ids, hyp in zip(sources, hyps):
             assert hyp == _uncached_greedy(model, src_ids, len(src_ids) + 5)
             # the teacher-forced pass over <s> + hyp predicts hyp (+ </s> unless cut at the limit)
-            tgt_in = torch.tensor([[Vocab.bos] + hyp])
-            src = torch.tensor([src_ids + [Vocab.eos]])
-            hidden = model(src, torch.tensor([src.shape[1]]), tgt_in, torch.tensor([tgt_in.shape[1]])).hidden
+            tgt_in = torch.tensor([[Vocab.bos] + hyp], device=TEST_DEVICE)
+            src = torch.tensor([src_ids + [Vocab.eos]], device=TEST_DEVICE)
+            lengths = torch.tensor([src.shape[1]], device=TEST_DEVICE), torch.tensor([tgt_in.shape[1]], device=TEST_DEVICE)
+            hidden = model(src, lengths[0], tgt_in, lengths[1]).hidden
             logits = model.generator(hidden[0])
             logits[:, [Vocab.pad, Vocab.bos]] = float("-inf")
             pred = logits.argmax(-1).tolist()

@@ -20,6 +20,8 @@ from tformer.export import check_exportable
 from tformer.positions import (ALiBiBias, RandomPositions, RelativeBias, RelativeOnlyBias, alibi_slopes, relative_bucket,
                                rotary_angles, rotate)
 
+pytestmark = pytest.mark.device
+
 SCHEMES = [("relative", ""), ("alibi", ""), ("sinusoidal", "none"), ("alibi", "relative"), ("relative", "none"),
            ("rotary", ""), ("sinusoidal", "rotary")]
 
@@ -384,7 +386,7 @@ def test_the_length_recipe_trains_with_random_positions_and_reads_longer_inputs(
     def recorded(module, positions):
         out = vectors(module, positions)
         if torch.is_grad_enabled() and isinstance(positions, torch.Tensor):  # a training batch's drawn positions
-            seen.append((positions.detach().reshape(-1).clone(), out.detach().reshape(-1, D).clone()))
+            seen.append((positions.detach().reshape(-1).cpu(), out.detach().reshape(-1, D).cpu()))  # (a GPU's too)
         return out
 
     monkeypatch.setattr(embeddings, "position_vectors", recorded)

@@ -5,6 +5,7 @@ within BF16_ABS + BF16_REL * |value| of fp32's for the same tokens; a sentence's
 batch it is decoded in (as in fp32: alone == in a batch of sixteen). The matrix library's choice is an exact
 rule on measured times (tested with given times), and either library gives fp32's products to rounding."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ from tformer.errors import ConfigError
 from tformer.inference import score_ids, translate_ids
 from tformer.model import build_model, matmul
 from tformer.precision import for_inference
+
+from conftest import TEST_DEVICE, on_device
+
+pytestmark = pytest.mark.device
 
 ROOT = Path(__file__).resolve().parents[1]
 V1 = ROOT / "tests" / "fixtures" / "checkpoint_v1" / "checkpoint"
@@ -40,20 +45,23 @@ KINDS = {
 }
 SOURCES = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22], [23]]
 
-needs_bf16 = pytest.mark.skipif(policy.unsupported("bf16", torch.device("cpu")) is not None,
-                                reason="this CPU has no bf16 units (decode.precision=bf16 is refused)")
+needs_bf16 = pytest.mark.skipif(policy.unsupported("bf16", TEST_DEVICE) is not None,
+                                reason=f"{TEST_DEVICE} has no bf16 units (decode.precision=bf16 is refused)")
+needs_bf16_cpu = pytest.mark.skipif(policy.unsupported("bf16", torch.device("cpu")) is not None,
+                                    reason="this CPU has no bf16 units (decode.precision=bf16 is refused)")
 
 
 def _pair(kind: str) -> tuple:
     """An fp32 model of `kind`, the same weights loaded for bf16 decoding, and sources for them."""
     torch.manual_seed(0)
     cfg = ModelConfig(**{**BASE, **KINDS[kind]})
-    fp32 = build_model(cfg, 30, 30).eval()
-    bf16 = build_model(cfg, 30, 30).eval()
+    fp32 = on_device(build_model(cfg, 30, 30).eval())
+    bf16 = on_device(build_model(cfg, 30, 30).eval())
     bf16.load_state_dict(fp32.state_dict())
     for_inference(bf16, "bf16", "none")
     g = torch.Generator().manual_seed(1)
-    sources = [torch.randn(3 * len(s), 12, generator=g) for s in SOURCES] if cfg.source == "features" else SOURCES
+    sources = ([torch.randn(3 * len(s), 12, generator=g).to(TEST_DEVICE) for s in SOURCES] if cfg.source == "features"
+               else SOURCES)
     return fp32, bf16, sources
 
 
@@ -102,7 +110,7 @@ def test_bf16_results_do_not_depend_on_the_batch(strategy):
     the batch runs the matrix products on other row counts."""
     torch.manual_seed(0)
     cfg = ModelConfig(**{**BASE, "d_model": 64, "d_ff": 128})
-    model = for_inference(build_model(cfg, 300, 300).eval(), "bf16", "none")
+    model = for_inference(on_device(build_model(cfg, 300, 300).eval()), "bf16", "none")
     g = torch.Generator().manual_seed(1)
     sources = [torch.randint(4, 300, (int(n),), generator=g).tolist() for n in torch.randint(2, 15, (16,), generator=g)]
     decode = DecodeConfig(strategy=strategy, beam_size=4, max_len_b=12, batch_size=16)
@@ -116,8 +124,8 @@ def test_bf16_results_do_not_depend_on_the_batch(strategy):
 @needs_bf16
 def test_bf16_through_the_api_translate_nbest_prefix_alignment_score_attention_and_an_ensemble():
     """tformer.load(..., precision="bf16"): every call works and stays within bf16's tolerance of fp32."""
-    fp32 = tformer.load(V1, device="cpu")
-    bf16 = tformer.load(V1, device="cpu", precision="bf16")
+    fp32 = tformer.load(V1, device=TEST_DEVICE)
+    bf16 = tformer.load(V1, device=TEST_DEVICE, precision="bf16")
     assert bf16.config.decode.precision == "bf16" and next(bf16.model.parameters()).dtype == torch.bfloat16
     lines = LINES[:6]
     out = bf16.translate(lines, beam=4, nbest=2, alignment=True, return_attention=True)
@@ -129,8 +137,35 @@ def test_bf16_through_the_api_translate_nbest_prefix_alignment_score_attention_a
     refs = [t.text for t in want]
     for g, w in zip(bf16.score(lines, refs), fp32.score(lines, refs)):
         _close(g.token_log_probs, w.token_log_probs)
-    ensemble = tformer.load([V1, V1], device="cpu", precision="bf16")
+    ensemble = tformer.load([V1, V1], device=TEST_DEVICE, precision="bf16")
     assert [t.text for t in ensemble.translate(lines)] == [t.text for t in bf16.translate(lines)]
+
+
+@needs_bf16
+@pytest.mark.skipif(TEST_DEVICE.type != "cuda", reason="a GPU's attention backends (TFORMER_TEST_DEVICE=cuda)")
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_bf16_decoding_on_a_gpu_never_plans_cudnn_attention_per_shape(strategy):
+    """Each step's new shape made SDPA's cuDNN backend build a graph (bf16 beam search 11x slower than fp32 on an
+    H100). Oracle: torch.profiler's record of the ops a bf16 search runs, with the attention kernels' outputs
+    equal to the dense kernel's to bf16's tolerance (they are what runs instead)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**BASE, "d_model": 64, "d_ff": 128})
+    model = for_inference(on_device(build_model(cfg, 300, 300).eval()), "bf16", "none")
+    decode = DecodeConfig(strategy=strategy, beam_size=4, max_len_b=12, batch_size=16)
+    sources = [list(range(4, 4 + n)) for n in range(3, 19)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        found = translate_ids(model, sources, decode)
+    ops = {e.key for e in prof.key_averages()}
+    assert any("scaled_dot_product" in op for op in ops) and not any("cudnn_attention" in op for op in ops), ops
+    assert all(len(h[0]) > 0 for h in found.tokens)
+    dense = for_inference(on_device(build_model(dataclasses.replace(cfg, attention="dense"), 300, 300).eval()),
+                          "bf16", "none")
+    dense.load_state_dict(model.state_dict())
+    for g, w in zip(score_ids(model, sources, [h[0] for h in found.tokens]),
+                    score_ids(dense, sources, [h[0] for h in found.tokens])):
+        _close(g, w)
 
 
 def test_bf16_with_int8_and_bf16_without_units_are_config_errors_naming_the_key(monkeypatch):
@@ -167,7 +202,7 @@ def test_the_command_line_flag_is_the_config_key():
     assert "decode.precision=bf16" in common.decode_overrides(args)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16)])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_cpu)])
 def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
     if not matmul.available():
         pytest.skip("no oneDNN prepacked linear in this build")

@@ -21,6 +21,7 @@ from typing import Optional, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tformer.dropout import dropout
 
@@ -68,6 +69,14 @@ SDPA_CPU_MIN_QUERIES = 9
 SDPA_CPU_FOLDED_ROWS = 16
 
 
+# On a GPU, SDPA's cuDNN backend (PyTorch's first choice for bf16 and fp16) builds a cuDNN graph for every new
+# shape, and decoding (a cache one position longer each step, fewer live rows) and token-budget batches bring a new
+# shape almost every call: on an H100 (torch 2.11) a bf16 beam search ran 11x slower than fp32, 82% of its time in
+# aten::_cudnn_attention_forward, until every shape had been seen. The flash and memory-efficient kernels plan
+# nothing, so they run instead (benchmarks/RESULTS.md, "Decoding on a GPU")
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def _like(bias: Tensor | None, q: Tensor) -> Tensor | None:
     """A position bias (computed in float32) in the queries' format: a bf16 model's scores are bf16."""
     return bias if bias is None or bias.dtype == q.dtype else bias.to(q.dtype)
@@ -98,5 +107,9 @@ def sdpa_attention(
     attn_mask, bias = mask, _like(bias, q)
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    if q.is_cuda:
+        with sdpa_kernel(CUDA_SDPA_BACKENDS):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     return out, None  # (B, H, T, Dh)
