@@ -680,3 +680,35 @@ def test_a_search_step_allocates_no_vocabulary_sized_tensor_beyond_the_logits(st
     wide = [e for e in prof.events() if e.self_cpu_memory_usage >= B * Vbig * 4]  # at least B rows of V floats
     makers = [e.name for e in wide if e.name not in ("aten::empty", "aten::empty_strided")]
     assert len(wide) == steps and not makers, [(e.name, e.self_cpu_memory_usage) for e in wide]
+
+
+@pytest.mark.parametrize("finish", ["top_k", "all"])
+def test_beam_search_reads_one_value_back_per_step_however_many_hypotheses_end(finish):
+    """On a GPU each value read back to the host (int(t), float(t), bool(t)) waits for the device: the search
+    takes each step's endings back in whole tensors, so its single-value reads do not grow with the batch or
+    with how many hypotheses end. Oracle: torch.profiler's count of aten::_local_scalar_dense (what every such
+    read runs), against the steps the search ran; here about half of all candidates end at every step, and
+    what is alive at the limit is set aside too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def reads_and_steps(B):
+        steps = []
+
+        def step(prev, cache):
+            t = cache["hyp.t"]
+            steps.append(prev.shape[0])
+            g = torch.Generator().manual_seed(int(t.sum()))  # one read per step of the test's own, subtracted
+            logits = torch.randn(prev.shape[0], 40, generator=g)
+            logits[:, EOS] = 2.0  # </s> in the top ranks of every row: many endings each step
+            return logits, TensorCache({"hyp.t": t + 1})
+
+        cache = TensorCache({"hyp.t": torch.arange(B)})
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            found = beam_search(step, cache, BOS, EOS, torch.full((B,), 6), 4, alpha=0.0, nbest=4, finish=finish)
+        reads = sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense")
+        assert all(len(h) == 4 for h in found.tokens)  # endings were taken: four finished per sentence
+        return reads - len(steps), len(steps)
+
+    one, steps_one = reads_and_steps(1)
+    many, steps_many = reads_and_steps(24)
+    assert many <= steps_many + 2 and one <= steps_one + 2, (one, steps_one, many, steps_many)

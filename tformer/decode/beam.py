@@ -92,6 +92,14 @@ class Finished:
         self.hyps[sentence].insert(at, (score, tokens))
         del neg[self.keep :], self.hyps[sentence][self.keep :]
 
+    def add_all(self, live: list[int], l: Tensor, tokens: Tensor, raw: Tensor, penalty: float) -> None:
+        """`add` each ending, in order: live sentence l (E,) (an index into `live`, the sentences' original
+        indices), its tokens (E, t), its raw score (E,) divided by `penalty`. The tensors come back to the host
+        in one read each, however many end: on a GPU, a read per ending was a synchronisation per ending."""
+        if l.numel():
+            for i, toks, score in zip(l.tolist(), tokens.tolist(), raw.tolist()):
+                self.add(live[i], score / penalty, toks)
+
     def nth(self, sentences: list[int], n: int) -> Tensor:
         """(L,) the n-th best finished score of each sentence, -inf while it has fewer than n."""
         return torch.tensor([-self._neg[i][n - 1] if len(self._neg[i]) >= n else float("-inf") for i in sentences],
@@ -119,6 +127,7 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
     top_k = finish == "top_k"
     finished = Finished(B, K, device)
     penalty = penalties(int(max_len.max()) + 1, alpha, penalty_rule, device)  # (longest + 2,)
+    divide = penalty.tolist()  # the same float64 values on the host: an ending's score is divided there
     sent = torch.arange(B, device=device)  # original index of each live sentence (L live)
     # k hypotheses per live sentence: 1 at the first step (all K beams would start identical, so only one is
     # computed), then K (fewer only while K exceeds the candidates a tiny vocabulary offers)
@@ -138,6 +147,7 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             history = history.index_select(0, keep_rows)
             cache = cache.reorder(keep_rows, keep)
         L, k = scores.shape
+        live = sent.tolist()  # the host's copy, read once per step
         logits, cache = step(prev, cache)  # (L*k, V)
         logp = log_probs(logits)  # (L*k, V), over the logits
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
@@ -150,7 +160,6 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
         V = ranked.shape[-1]
         t += 1
         base = scores.reshape(L * k, 1)  # (L*k, 1): a candidate's raw score is base + its log-probability
-        ending: list[tuple[int, int, float]] = []  # (live sentence, row, raw score) of the endings kept
         if top_k:  # the 2K best extensions; </s> in the top K ranks ends
             per_row = min(2 * K, V)
             row_val, row_tok = row_topk(ranked, per_row)  # (L*k, n)
@@ -160,17 +169,17 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             top_beam = top_idx // per_row
             is_eos = top_tok == eos
             ranks = torch.arange(top_tok.shape[1], device=device)
-            for l, r in (is_eos & (ranks < K) & torch.isfinite(top_scores)).nonzero().tolist():
-                ending.append((l, l * k + int(top_beam[l, r]), float(top_scores[l, r])))
+            end_l, end_r = (is_eos & (ranks < K) & torch.isfinite(top_scores)).nonzero().unbind(1)  # (E,) each
+            end_rows, end_raw = end_l * k + top_beam[end_l, end_r], top_scores[end_l, end_r]
             n_next = min(K, top_tok.shape[1] - k)  # at most k of the 2K end in </s>
             pick = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :n_next]  # (L, K')
             next_scores, next_beam = top_scores.gather(1, pick), top_beam.gather(1, pick)
             next_tok = top_tok.gather(1, pick)
         else:  # every finite ending may still win; the K best extensions that do not end go on
             eos_scores = (base[:, 0] + ranked[:, eos]).double()  # (L*k,)
-            bar = finished.nth(sent.tolist(), nbest).repeat_interleave(k) * penalty[t]  # raw score to beat
-            for row in (torch.isfinite(eos_scores) & (eos_scores > bar)).nonzero()[:, 0].tolist():
-                ending.append((row // k, row, float(eos_scores[row])))
+            bar = finished.nth(live, nbest).repeat_interleave(k) * penalty[t]  # raw score to beat
+            end_rows = (torch.isfinite(eos_scores) & (eos_scores > bar)).nonzero()[:, 0]  # (E,)
+            end_l, end_raw = end_rows // k, eos_scores[end_rows]
             ranked[:, eos] = float("-inf")
             per_row = min(K, V)
             row_val, row_tok = row_topk(ranked, per_row)  # (L*k, n)
@@ -179,29 +188,25 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             next_scores, top_idx = cand.topk(n_next, dim=1)  # (L, K') best first
             next_tok = row_tok.reshape(L, -1).gather(1, top_idx)
             next_beam = top_idx // per_row
-        for l, row, raw in ending:
-            finished.add(int(sent[l]), raw / float(penalty[t]), history[row].tolist())
+        finished.add_all(live, end_l, history.index_select(0, end_rows), end_raw, divide[t])
         rows = (torch.arange(L, device=device)[:, None] * k + next_beam).reshape(-1)  # (L*K',) parent rows
         k = n_next
         history = torch.cat([history.index_select(0, rows), next_tok.reshape(-1, 1)], dim=1)
         limits = max_len.index_select(0, sent)  # (L,)
         last = t >= limits  # the length limit: what is alive ends here
-        for l in last.nonzero()[:, 0].tolist():
-            for j in range(k):
-                if torch.isfinite(next_scores[l, j]):
-                    finished.add(int(sent[l]), float(next_scores[l, j]) / float(penalty[t]),
-                                 history[l * k + j].tolist())
+        end_l, end_j = (last[:, None] & torch.isfinite(next_scores)).nonzero().unbind(1)  # (E,) each, in row order
+        finished.add_all(live, end_l, history.index_select(0, end_l * k + end_j), next_scores[end_l, end_j], divide[t])
         # done: at the limit; or no live hypothesis can still reach the nbest-th finished (exact); or, top_k,
         # K finished and none alive ranks above the K-th any more (Hugging Face's rule)
         alive_best = next_scores[:, 0].double()  # (L,) best live raw score
-        live = sent.tolist()
         reach = alive_best / torch.maximum(penalty[min(t + 1, len(penalty) - 1)], penalty[limits])
         done = last | (reach <= finished.nth(live, nbest))
         if top_k:
             done |= alive_best / penalty[t] <= finished.nth(live, K)
-        if done.all():
+        n_done = int(done.sum())
+        if n_done == L:
             break
-        if done.any():
+        if n_done:
             keep = (~done).nonzero()[:, 0]  # (L',)
             keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)  # (L'*K',)
             sent, next_scores, next_tok = sent[keep], next_scores[keep], next_tok[keep]
