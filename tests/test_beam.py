@@ -325,8 +325,8 @@ def test_beam_scores_equal_teacher_forced_rescoring_and_memory_is_not_copied():
         for toks, score in zip(hyps, scores):
             src = torch.tensor([s + [EOS]], device=TEST_DEVICE)
             tgt_in = torch.tensor([[BOS] + toks], device=TEST_DEVICE)
-            lengths = torch.tensor([src.shape[1]], device=TEST_DEVICE), torch.tensor([tgt_in.shape[1]], device=TEST_DEVICE)
-            hidden = model(src, lengths[0], tgt_in, lengths[1]).hidden
+            lengths = torch.tensor([src.shape[1], tgt_in.shape[1]], device=TEST_DEVICE)
+            hidden = model(src, lengths[:1], tgt_in, lengths[1:]).hidden
             logp = torch.log_softmax(model.generator(hidden[0]), -1)
             targets = toks + [EOS]
             n = len(targets) if len(toks) < len(s) + 3 else len(toks)  # cut at the limit: no </s>

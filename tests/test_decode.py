@@ -34,8 +34,8 @@ def _uncached_greedy(model, src_ids, max_len):
     prefix = [Vocab.bos]
     out = []
     for _ in range(max_len):
-        hidden = model.decode(torch.tensor([prefix], device=TEST_DEVICE), torch.tensor([len(prefix)], device=TEST_DEVICE),
-                              enc).hidden
+        tgt = torch.tensor([prefix], device=TEST_DEVICE)
+        hidden = model.decode(tgt, torch.tensor([len(prefix)], device=TEST_DEVICE), enc).hidden
         logits = model.generator(hidden[0, -1])
         logits[[Vocab.pad, Vocab.bos]] = float("-inf")  # never generated
         tok = int(logits.argmax())
@@ -58,8 +58,8 @@ def test_cached_greedy_equals_uncached_and_teacher_forced_argmax():
             # the teacher-forced pass over <s> + hyp predicts hyp (+ </s> unless cut at the limit)
             tgt_in = torch.tensor([[Vocab.bos] + hyp], device=TEST_DEVICE)
             src = torch.tensor([src_ids + [Vocab.eos]], device=TEST_DEVICE)
-            lengths = torch.tensor([src.shape[1]], device=TEST_DEVICE), torch.tensor([tgt_in.shape[1]], device=TEST_DEVICE)
-            hidden = model(src, lengths[0], tgt_in, lengths[1]).hidden
+            lengths = torch.tensor([src.shape[1], tgt_in.shape[1]], device=TEST_DEVICE)
+            hidden = model(src, lengths[:1], tgt_in, lengths[1:]).hidden
             logits = model.generator(hidden[0])
             logits[:, [Vocab.pad, Vocab.bos]] = float("-inf")
             pred = logits.argmax(-1).tolist()
