@@ -145,7 +145,7 @@ def test_bf16_through_the_api_translate_nbest_prefix_alignment_score_attention_a
 @pytest.mark.skipif(TEST_DEVICE.type != "cuda", reason="a GPU's attention backends (TFORMER_TEST_DEVICE=cuda)")
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])
 def test_bf16_decoding_on_a_gpu_never_plans_cudnn_attention_per_shape(strategy):
-    """Each step's new shape made SDPA's cuDNN backend build a graph (bf16 beam search 11x slower than fp32 on an
+    """Each step's new shape made SDPA's cuDNN backend build a graph (bf16 beam search 8-12x slower than fp32 on an
     H100). Oracle: torch.profiler's record of the ops a bf16 search runs, with the attention kernels' outputs
     equal to the dense kernel's to bf16's tolerance (they are what runs instead)."""
     from torch.profiler import ProfilerActivity, profile

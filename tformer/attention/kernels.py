@@ -71,9 +71,9 @@ SDPA_CPU_FOLDED_ROWS = 16
 
 # On a GPU, SDPA's cuDNN backend (PyTorch's first choice for bf16 and fp16) builds a cuDNN graph for every new
 # shape, and decoding (a cache one position longer each step, fewer live rows) and token-budget batches bring a new
-# shape almost every call: on an H100 (torch 2.11) a bf16 beam search ran 11x slower than fp32, 82% of its time in
+# shape almost every call: on an H100 (torch 2.11) a bf16 beam search ran 8-12x slower than fp32, 82% of its time in
 # aten::_cudnn_attention_forward, until every shape had been seen. The flash and memory-efficient kernels plan
-# nothing, so they run instead (benchmarks/RESULTS.md, "Decoding on a GPU")
+# nothing, so they run instead (benchmarks/RESULTS.md, "Decoding and training on a GPU")
 CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
