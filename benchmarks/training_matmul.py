@@ -15,26 +15,14 @@ forward is (the most a faster forward could save).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-from tformer.model.matmul import _packed_linear, _reorder, available
+from tformer.model.matmul import _packed_linear, _reorder, _seconds, available
 
 SHAPES = {"small": [(256, 768), (256, 256), (256, 1024), (1024, 256), (256, 8000)],
           "base": [(512, 1536), (512, 512), (512, 2048), (2048, 512), (512, 8000)]}
-
-
-def seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - tic)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -57,11 +45,11 @@ def main() -> None:
                 x = torch.randn(rows, d_in, generator=g)
                 dy = torch.randn(rows, d_out, generator=g)
                 with torch.no_grad():
-                    plain = seconds(lambda: F.linear(x, w, b), args.repeats)
+                    plain = _seconds(lambda: F.linear(x, w, b), args.repeats)
                     packed_w = _reorder(w)
-                    packed = seconds(lambda: _packed_linear(x, packed_w, b), args.repeats)
-                    reorder = seconds(lambda: _reorder(w), args.repeats)
-                    backward = seconds(lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)), args.repeats)
+                    packed = _seconds(lambda: _packed_linear(x, packed_w, b), args.repeats)
+                    reorder = _seconds(lambda: _reorder(w), args.repeats)
+                    backward = _seconds(lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)), args.repeats)
                 print(f"| {model} | {d_in} -> {d_out} | {rows} | {1e3 * plain:.2f} | {1e3 * packed:.2f} | "
                       f"{1e3 * reorder:.2f} | {plain / packed:.2f}x | {plain / (packed + reorder):.2f}x | "
                       f"{1e3 * backward:.2f} | {100 * plain / (plain + backward):.0f}% |")
