@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Optional, Protocol
 
 import torch
@@ -107,9 +108,6 @@ def sdpa_attention(
     attn_mask, bias = mask, _like(bias, q)
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    if q.is_cuda:
-        with sdpa_kernel(CUDA_SDPA_BACKENDS):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
-    else:
+    with sdpa_kernel(CUDA_SDPA_BACKENDS) if q.is_cuda else nullcontext():
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     return out, None  # (B, H, T, Dh)
