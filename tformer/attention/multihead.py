@@ -112,6 +112,14 @@ class MultiHeadAttention(nn.Module):
         k, v = self.project(memory, "kv").chunk(2, dim=-1)  # (B, S, G Dh) each
         return self._keys(self._split(k)), self._split(v)  # (B, G, S, Dh) each
 
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """`project_kv` for a decoder's cache, which every decoding step reads: each (B, G, S, Dh) in memory of
+        its own, contiguous. `project_kv`'s are strided views of one projection, and a matmul over them copies
+        them first, at every step (the dense kernel, which beam search's folded cross-attention runs, took 4-6x
+        as long on them at 32 sentences: benchmarks/RESULTS.md)."""
+        k, v = self.project_kv(memory)
+        return k.contiguous(), v.contiguous()
+
     def _grouped(self, x: Tensor) -> Tensor:
         """(B, G, S, Dh) keys or values -> (B, H, S, Dh): each key/value head serves its group of query heads."""
         return x if self.kv_heads == self.n_heads else x.repeat_interleave(self.n_heads // self.kv_heads, dim=1)

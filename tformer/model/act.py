@@ -183,7 +183,7 @@ class ACTStack(nn.Module):
         return Decoded(x, [w[0] for w in weights], [w[1] for w in weights], ponder)
 
     def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
-        return DecoderCache(src_mask, [self.layer.cross_attn.project_kv(memory)])
+        return DecoderCache(src_mask, [self.layer.cross_attn.memory_kv(memory)])
 
     def _past(self, cache: DecoderCache, kvs: list[KV], step: int, rotary: Rotary | None) -> KV:
         """Step `step`'s keys and values of positions 0 .. t-1 (N, H, t, Dh): cached where the position ran

@@ -87,7 +87,7 @@ class LayerStack(nn.Module):
 
     def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
         """memory (B, S, D) per sentence -> every layer's cross-attention keys and values."""
-        return DecoderCache(src_mask, [layer.cross_attn.project_kv(memory) for layer in self.layers])
+        return DecoderCache(src_mask, [layer.cross_attn.memory_kv(memory) for layer in self.layers])
 
     def step(self, side: Side, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """side.x (N, 1, D) embedded tokens at position t = cache.t (side.layout a Step) -> (N, 1, D) and the
