@@ -1,13 +1,16 @@
 """CTranslate2 in a process of its own, for benchmarks that set it beside tformer.
 
-CTranslate2's wheel brings its own copy of the OpenMP runtime. In one process with PyTorch's, after
-CTranslate2's first `translate_batch` the PyTorch ops that open parallel regions (bmm, SDPA, softmax) ran
-7-20x slower on a 2-core AMD EPYC, and a whole tformer decoding step 1.3-1.8x slower, for the rest of the
-process (benchmarks/RESULTS.md, "CTranslate2 in the same process slows PyTorch down"). So a benchmark that
-takes turns between the engines keeps CTranslate2 in this worker and times each call here, in the worker.
+CTranslate2's wheel brings its own copy of the OpenMP runtime, and each Translator its own thread team. On a
+2-core AMD EPYC (benchmarks/RESULTS.md, "Engines sharing a process slow each other down"):
+- in one process with PyTorch, after CTranslate2's first `translate_batch`, the PyTorch ops that open parallel
+  regions (bmm, SDPA, softmax) ran 7-20x slower and a whole tformer decoding step 1.3-1.8x slower, for the
+  rest of the process;
+- two Translators in one process (fp32 and int8, 2 threads each) ran CTranslate2 fp32 2.5x slower than one.
+So a benchmark that takes turns between engines runs each CTranslate2 model in a worker process of its own,
+and times each call there.
 
-    worker = CT2Worker({"ct2-fp32": DIR, "ct2-int8": DIR8}, threads=2)
-    hypotheses, seconds = worker.translate("ct2-fp32", pieces, beam=4, max_len=24, batch_size=32)
+    worker = CT2Worker(MODEL_DIR, threads=2)
+    hypotheses, seconds = worker.translate(pieces, beam=4, max_len=24, batch_size=32)
     worker.close()
 """
 
@@ -20,11 +23,11 @@ import time
 
 
 class CT2Worker:
-    """A child process holding one `ctranslate2.Translator` per engine name (CPU, `threads` intra threads, one
-    inter thread), answering translate requests over a pipe, one JSON line each way."""
+    """A child process holding one `ctranslate2.Translator` (CPU, `threads` intra threads, one inter thread),
+    answering translate requests over a pipe, one JSON line each way."""
 
-    def __init__(self, models: dict[str, str], threads: int) -> None:
-        self.process = subprocess.Popen([sys.executable, __file__, json.dumps({"models": models, "threads": threads})],
+    def __init__(self, model: str, threads: int) -> None:
+        self.process = subprocess.Popen([sys.executable, __file__, json.dumps({"model": model, "threads": threads})],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()  # ready: the models are loaded
 
@@ -34,10 +37,10 @@ class CT2Worker:
             raise RuntimeError(f"the CTranslate2 worker exited (code {self.process.wait()})")
         return json.loads(line)
 
-    def translate(self, engine: str, pieces: list[list[str]], beam: int, max_len: int, batch_size: int
+    def translate(self, pieces: list[list[str]], beam: int, max_len: int, batch_size: int
                   ) -> tuple[list[list[str]], float]:
         """The best hypothesis of each source (pieces) and the seconds `translate_batch` took in the worker."""
-        request = dict(engine=engine, pieces=pieces, beam=beam, max_len=max_len, batch_size=batch_size)
+        request = dict(pieces=pieces, beam=beam, max_len=max_len, batch_size=batch_size)
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         answer = self._read()
@@ -51,13 +54,12 @@ class CT2Worker:
 def serve(spec: dict) -> None:
     import ctranslate2
 
-    models = {name: ctranslate2.Translator(path, device="cpu", intra_threads=spec["threads"], inter_threads=1)
-              for name, path in spec["models"].items()}
+    model = ctranslate2.Translator(spec["model"], device="cpu", intra_threads=spec["threads"], inter_threads=1)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         r = json.loads(line)
         tic = time.perf_counter()
-        res = models[r["engine"]].translate_batch(r["pieces"], max_batch_size=r["batch_size"], beam_size=r["beam"],
+        res = model.translate_batch(r["pieces"], max_batch_size=r["batch_size"], beam_size=r["beam"],
                                                   length_penalty=0.0, max_decoding_length=r["max_len"],
                                                   min_decoding_length=0)
         seconds = time.perf_counter() - tic

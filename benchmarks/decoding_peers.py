@@ -194,8 +194,9 @@ def main() -> None:
                                                                             quantization=quantization)
             else:
                 ct2_dirs[name] = export_ctranslate2(source_ckpt, work / name, quantization=quantization)
-        # in a process of its own: its OpenMP runtime slows PyTorch's down in this one (ct2_worker.py)
-        ct2 = CT2Worker({k: str(v) for k, v in ct2_dirs.items()}, threads)
+        # each model in a process of its own: in one process, CTranslate2 and PyTorch, or two Translators, slow
+        # each other down (ct2_worker.py)
+        ct2 = {k: CT2Worker(str(v), threads) for k, v in ct2_dirs.items()}
     if "hf" in engines and folder is not None:
         from transformers import MarianMTModel
 
@@ -214,7 +215,7 @@ def main() -> None:
     def run(engine: str, beam: int, chunk: list[int], batch_size: int) -> tuple[list[list[int]], float | None]:
         """The hypotheses, and the seconds the engine's worker process timed (None: timed here)."""
         if engine.startswith("ct2"):
-            hyps, seconds = ct2.translate(engine, [pieces[i] for i in chunk], beam, max_len, batch_size)
+            hyps, seconds = ct2[engine].translate([pieces[i] for i in chunk], beam, max_len, batch_size)
             return [[stoi.get(t, 3) for t in h if t not in skip] for h in hyps], seconds
         return run_here(engine, beam, chunk, batch_size), None
 
@@ -356,7 +357,8 @@ def main() -> None:
                  f"rounds with the engines taking turns; torch {torch.__version__}, CTranslate2 "
                  f"{ctranslate2.__version__}, transformers {transformers.__version__}"
                  + ("" if "hf" in engines else "; MarianMT is post-norm only, so it sits out for this model")
-                 + ("; CTranslate2 converted the folder with its own TransformersConverter" if folder else ""))
+                 + ("; CTranslate2 converted the folder with its own TransformersConverter" if folder else "")
+                 + "; each CTranslate2 model in a worker process of its own, timed there (ct2_worker.py)")
     print("\n".join(table))
     print("\n".join(notes))
     if args.record:

@@ -75,8 +75,8 @@ def main() -> None:
         run_ct2 = lambda pieces, n, B: here.translate_batch(pieces, beam_size=1, max_decoding_length=n,  # noqa: E731
                                                              min_decoding_length=0, max_batch_size=B)
     else:
-        worker = CT2Worker({"ct2": str(converted)}, threads)  # its own process (ct2_worker.py)
-        run_ct2 = lambda pieces, n, B: worker.translate("ct2", pieces, 1, n, B)  # noqa: E731
+        worker = CT2Worker(str(converted), threads)  # its own process (ct2_worker.py)
+        run_ct2 = lambda pieces, n, B: worker.translate(pieces, 1, n, B)  # noqa: E731
     translator = tformer.load(folder, device="cpu")
     model = translator.model
     pieces = spm.SentencePieceProcessor(model_file=str(folder / "source.spm"))
