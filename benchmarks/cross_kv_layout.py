@@ -10,7 +10,7 @@ shared and noisy). Two parts:
    the outputs are equal (they must be: the same values, laid out differently).
 
     python benchmarks/cross_kv_layout.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--beams 1 4]
-                                         [--max-len 24] [--rounds 5] [--record]
+                                         [--max-len 24] [--rounds 5] [--quantize int8] [--record]
 """
 
 from __future__ import annotations
@@ -80,10 +80,11 @@ def main() -> None:
     ap.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--max-len", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quantize", choices=["none", "int8"], default="none", help="the model's linear layers")
     ap.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     args = ap.parse_args()
     folder = opus_base_folder(Path(tempfile.mkdtemp()) / "opus-base") if args.opus_base else Path(args.folder)
-    translator = tformer.load(folder, device="cpu")
+    translator = tformer.load(folder, device="cpu", quantize=args.quantize)
     cfg = translator.model.cfg
     table = kernels(cfg.n_heads, cfg.d_model // cfg.n_heads)
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
@@ -108,7 +109,7 @@ def main() -> None:
             s, c = (statistics.median(times[k]) * 1000 for k in ("strided", "contiguous"))
             table.append(f"| {'greedy' if beam == 1 else f'beam {beam}'} | {B} | {s:.0f} | {c:.0f} | {s / c:.2f}x | "
                          f"{outputs['strided'] == outputs['contiguous']} |")
-    notes = (f"{folder.name}: d={cfg.d_model}, {cfg.n_heads} heads; Multi30k test2016 sentences, output limit "
+    notes = (f"{folder.name} ({'int8' if args.quantize == 'int8' else 'fp32'}): d={cfg.d_model}, {cfg.n_heads} heads; Multi30k test2016 sentences, output limit "
              f"{args.max_len}, median of {args.rounds} rounds taking turns, {torch.get_num_threads()} threads")
     report("The cached cross-attention keys and values: strided views or contiguous", table, notes, args.record)
 
