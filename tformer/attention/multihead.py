@@ -115,7 +115,7 @@ class MultiHeadAttention(nn.Module):
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """`project_kv` for a decoder's cache, which every decoding step reads: each (B, G, S, Dh) in memory of
         its own, contiguous. `project_kv`'s are strided views of one projection, and a matmul over them copies
-        them first, at every step (the dense kernel, which beam search's folded cross-attention runs, took 4-6x
+        them first, at every step (the dense kernel, which beam search's folded cross-attention runs, took 3.7-4x
         as long on them at 32 sentences: benchmarks/RESULTS.md)."""
         k, v = self.project_kv(memory)
         return k.contiguous(), v.contiguous()
