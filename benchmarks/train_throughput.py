@@ -1,6 +1,8 @@
 """Training throughput: tformer against torch.nn.Transformer of the same size, on the same batches, in one run.
 
     python benchmarks/train_throughput.py [--size small|base] [--steps 20] [--rounds 3] [--dropout 0.1] [--append]
+        [--variants reference reference-bf16 tformer tformer-bf16 tformer-compiled tformer-compiled-bf16]
+        [--device cuda]
 
 Both models: small d=256, 3+3 layers, 4 heads, FFN 1024 (base: d=512, 6+6, 8 heads, FFN 2048), vocabulary
 8000 (untied embeddings and generator), Adam (torch's default loop for the reference, tformer's
@@ -38,6 +40,7 @@ from tformer.config import Config, ModelConfig  # noqa: E402
 from tformer.data import Vocab, collate, model_lengths, token_budget_batches  # noqa: E402
 from tformer.model import build_model  # noqa: E402
 from tformer.positions import sinusoidal_table  # noqa: E402
+from tformer.training.compile import CompiledForward  # noqa: E402
 from tformer.training.loop import build_optimizer, train_step_loss  # noqa: E402
 
 V = 8000
@@ -81,7 +84,7 @@ class Reference(nn.Module):
         src = self.drop(self.src_emb(b.src) * math.sqrt(D) + self.pe[:S])
         tgt = self.drop(self.tgt_emb(b.tgt_in) * math.sqrt(D) + self.pe[:T])
         src_pad, tgt_pad = b.src == 0, b.tgt_in == 0
-        h = self.transformer(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(T),
+        h = self.transformer(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(T, device=src.device),
                              src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
                              memory_key_padding_mask=src_pad)
         logits = self.generator(h)
@@ -89,14 +92,55 @@ class Reference(nn.Module):
                                reduction="sum")
 
 
-def step(loss_fn, params, opt, b) -> float:
-    """One update on batch b; its seconds."""
-    tic = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    (loss_fn(b) / b.n_tgt_tokens).backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    opt.step()
-    return time.perf_counter() - tic
+VARIANTS = ("reference", "reference-bf16", "tformer", "tformer-bf16", "tformer-compiled", "tformer-compiled-bf16")
+
+
+class Contender:
+    """One model in the race: its loss, parameters, optimizer and what wraps each of its steps (autocast; for a
+    compiled model also deterministic algorithms, as `tformer train` runs it: training/compile.py)."""
+
+    def __init__(self, name: str, model: nn.Module, loss_fn, opt, device: torch.device) -> None:
+        self.name, self.model, self.loss_fn, self.opt, self.device = name, model, loss_fn, opt, device
+        self.params = list(model.parameters())
+        self.bf16 = name.endswith("-bf16")
+        self.compiled = "compiled" in name
+
+    def step(self, b) -> float:
+        """One update on batch b (already on the device); its seconds."""
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        if self.compiled:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            tic = time.perf_counter()
+            self.opt.zero_grad(set_to_none=True)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                loss = self.loss_fn(b)
+            (loss / b.n_tgt_tokens).backward()
+            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+            self.opt.step()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - tic
+        finally:
+            torch.use_deterministic_algorithms(deterministic)
+
+
+def contender(name: str, dropout: float, device: torch.device) -> Contender:
+    torch.manual_seed(0)  # every model of a kind starts from the same weights
+    if name.startswith("reference"):
+        ref = Reference(dropout).to(device).train()
+        opt = torch.optim.Adam(ref.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)  # the textbook loop's
+        return Contender(name, ref, ref.loss, opt, device)
+    ours = build_model(ModelConfig(d_model=D, n_heads=H, d_ff=FF, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                   dropout=dropout, attention_dropout=dropout, ffn_dropout=dropout,
+                                   tie_generator=False), V, V).to(device).train()
+    opt = build_optimizer(ours, Config())  # Adam(0.9, 0.98, 1e-9), fused, as the trainer builds it
+    for group in opt.param_groups:
+        group["lr"] = 1e-4
+    forward = CompiledForward(ours, device) if "compiled" in name else ours
+    return Contender(name, ours, lambda b: train_step_loss(forward, b, 0.1)[0], opt, device)
 
 
 def main() -> None:
@@ -107,70 +151,79 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=["reference", "tformer"],
+                    help="the models that take turns: -bf16 runs the forward under bf16 autocast (both models "
+                         "alike); -compiled is train.compile (the first warm-up step compiles: its time is reported)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
     global D, H, LAYERS, FF
     D, H, LAYERS, FF = SIZES[args.size]
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    device = torch.device(args.device)
     data = hashed_corpus(29000)
     src_lens, tgt_lens = model_lengths(data)
     order = token_budget_batches(src_lens, tgt_lens, args.max_tokens, seed=1)
-    batches = [collate([data[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos)
+    batches = [collate([data[i] for i in idx], idx, Vocab.pad, Vocab.bos, Vocab.eos).to(device)
                for idx in order[: args.steps * args.rounds + 3]]
-    ours = build_model(ModelConfig(d_model=D, n_heads=H, d_ff=FF, encoder_layers=LAYERS, decoder_layers=LAYERS,
-                                   dropout=args.dropout, attention_dropout=args.dropout, ffn_dropout=args.dropout,
-                                   tie_generator=False), V, V).train()
-    ref = Reference(args.dropout).train()
-    n_ours, n_ref = (sum(p.numel() for p in m.parameters()) for m in (ours, ref))
-    ours_opt = build_optimizer(ours, Config())  # Adam(0.9, 0.98, 1e-9) as configured by default
-    for group in ours_opt.param_groups:
-        group["lr"] = 1e-4
-    contenders = {  # the textbook Adam for the reference; tformer's trainer builds its own (fused)
-        "torch.nn.Transformer": (ref.loss, list(ref.parameters()),
-                                 torch.optim.Adam(ref.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)),
-        "tformer": (lambda b: train_step_loss(ours, b, 0.1)[0], list(ours.parameters()), ours_opt),
-    }
-    for fn, params, opt in contenders.values():  # warm-up
-        for b in batches[:3]:
-            step(fn, params, opt, b)
-    rows = {name: [] for name in contenders}
-    flops = {name: [] for name in contenders}
-    ceiling = gemm_ceiling()
+    racers = [contender(name, args.dropout, device) for name in args.variants]
+    warm = {}
+    for c in racers:  # warm-up (a compiled model compiles in its first step)
+        warm[c.name] = [c.step(b) for b in batches[:3]]
+        print(f"warm-up: {c.name:24s} " + " ".join(f"{s:.2f}s" for s in warm[c.name]), flush=True)
+    rows = {c.name: [] for c in racers}
+    flops = {c.name: [] for c in racers}
+    ceiling = gemm_ceiling() if device.type == "cpu" else float("nan")
     for r in range(args.rounds):
         chunk = batches[3 + r * args.steps : 3 + (r + 1) * args.steps]
-        seconds = {name: 0.0 for name in contenders}
-        for b in chunk:  # the models take turns batch by batch: both see the machine in the same state
-            for name, (fn, params, opt) in contenders.items():
-                seconds[name] += step(fn, params, opt, b)
+        seconds = {c.name: 0.0 for c in racers}
+        for b in chunk:  # the models take turns batch by batch: all see the machine in the same state
+            for c in racers:
+                seconds[c.name] += c.step(b)
         tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in chunk)
-        for name in contenders:
-            rows[name].append(tokens / seconds[name])
-            flops[name].append(sum(training_flops(b) for b in chunk) / seconds[name] / 1e9)
-            print(f"round {r + 1}: {name:22s} {rows[name][-1]:8.0f} tokens/s", flush=True)
-    ratios = [o / t for o, t in zip(rows["tformer"], rows["torch.nn.Transformer"])]
+        for c in racers:
+            rows[c.name].append(tokens / seconds[c.name])
+            flops[c.name].append(sum(training_flops(b) for b in chunk) / seconds[c.name] / 1e9)
+            print(f"round {r + 1}: {c.name:24s} {rows[c.name][-1]:8.0f} tokens/s", flush=True)
     real = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
     padded = sum(b.src.numel() + b.tgt_in.numel() for b in batches)
-    ceiling = max(ceiling, gemm_ceiling())
+    if device.type == "cpu":
+        ceiling = max(ceiling, gemm_ceiling())
+
+    def ratio(name: str, base: str) -> str:  # the median of the per-round ratios (each round's turns alike)
+        if base not in rows:
+            return ""
+        return f"{statistics.median(o / t for o, t in zip(rows[name], rows[base])):.2f}x"
+
     head = ("| model | params | " + " | ".join(f"round {i + 1}" for i in range(args.rounds))
-            + " | median tok/s | GFLOP/s | of ceiling |")
-    lines = [head, "|" + "---|" * (args.rounds + 5)]
-    for name, n in (("torch.nn.Transformer", n_ref), ("tformer", n_ours)):
-        g = statistics.median(flops[name])
-        lines.append(f"| {name} | {n:,} | " + " | ".join(f"{x:.0f}" for x in rows[name])
-                     + f" | {statistics.median(rows[name]):.0f} | {g:.0f} | {100 * g / ceiling:.0f}% |")
-    lines.append("| **ratio tformer / reference** | | " + " | ".join(f"{x:.2f}x" for x in ratios)
-                 + f" | **{statistics.median(ratios):.2f}x** | | |")
+            + " | median tok/s | vs reference fp32 | vs reference, same precision | GFLOP/s | of fp32 ceiling |")
+    lines = [head, "|" + "---|" * (args.rounds + 7)]
+    for c in racers:
+        g = statistics.median(flops[c.name])
+        same = "reference-bf16" if c.bf16 else "reference"
+        lines.append(f"| {c.name} | {sum(p.numel() for p in c.params):,} | "
+                     + " | ".join(f"{x:.0f}" for x in rows[c.name])
+                     + f" | {statistics.median(rows[c.name]):.0f} | {ratio(c.name, 'reference')} | "
+                     + f"{ratio(c.name, same) if c.name != same else ''} | {g:.0f} | "
+                     + (f"{100 * g / ceiling:.0f}% |" if ceiling == ceiling else "|"))
+    if "reference" in rows and "tformer" in rows:  # the round-by-round ratio of earlier tables
+        lines.append("| **ratio tformer / reference** | | "
+                     + " | ".join(f"{o / t:.2f}x" for o, t in zip(rows["tformer"], rows["reference"]))
+                     + f" | **{ratio('tformer', 'reference')}** | | | | |")
     table = "\n".join(lines)
+    compiled = [f"{c.name} {warm[c.name][0]:.0f} s" for c in racers if c.compiled]
     notes = (f"{args.size}: d={D}, {LAYERS}+{LAYERS} layers, {H} heads, FFN {FF}, vocab {V}, dropout {args.dropout}, "
-             f"measured fp32 GEMM ceiling {ceiling:.0f} GFLOP/s (best of before/after), "
-             f"max_tokens {args.max_tokens}, {args.steps} batches per model per round; "
-             f"padding is {100 * (1 - real / padded):.1f}% of the padded source+target positions.")
+             f"on {device.type}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
+             + (f", measured fp32 GEMM ceiling {ceiling:.0f} GFLOP/s (best of before/after)"
+                if ceiling == ceiling else "")
+             + f", max_tokens {args.max_tokens}, {args.steps} batches per model per round; "
+             f"padding is {100 * (1 - real / padded):.1f}% of the padded source+target positions"
+             + (f"; the first step, compiling included: {', '.join(compiled)}" if compiled else "") + ".")
     print("\n" + table + "\n\n" + notes)
     if args.append:
-        append_results(f"Training throughput vs torch.nn.Transformer ({args.size}, dropout {args.dropout})", table,
-                       notes)
+        append_results(f"Training throughput vs torch.nn.Transformer ({args.size}, dropout {args.dropout}"
+                       + (f", {device.type}" if device.type != "cpu" else "") + ")", table, notes)
 
 
 if __name__ == "__main__":

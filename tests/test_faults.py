@@ -83,8 +83,8 @@ sys.exit(main(sys.argv[1:]))
 EVENTS_PER_WRITE = 8  # save_file x2, save_config, save_tokenizers, _fsync_write, rename, _replace_text, _prune
 
 
-def _start(run: Path, resume: bool, kill_at: int | None = None) -> subprocess.Popen:
-    args = ["train", "--run-dir", str(run), *RUN, *(["--resume"] if resume else [])]
+def _start(run: Path, resume: bool, kill_at: int | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    args = ["train", "--run-dir", str(run), *RUN, *extra, *(["--resume"] if resume else [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if kill_at is None:
         cmd = [sys.executable, "-m", "tformer", *args]

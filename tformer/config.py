@@ -292,8 +292,11 @@ class TrainConfig:
 
     # the forward pass under torch.autocast in this dtype (weights, gradients, optimizer stay float32); fp16 adds
     # a dynamic gradient scaler, kept in checkpoints. On a CPU, bf16 needs AVX-512 BF16 or AMX (Zen 4, Cooper Lake and
-    # later) and fp16 AVX-512 FP16 or AMX-FP16; without them it runs far slower, and training warns
+    # later) and fp16 AVX-512 FP16 or AMX-FP16; without them it runs far slower, and training warns (the log names
+    # the units it found and what it chose)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    compile: bool = False  # the model's forward through torch.compile (inductor), compiled in the first update
+    # (logged; cached on disk); where it cannot compile, the run says why and goes on eager (training/compile.py)
     attention_examples: int = 0  # record the attention of this many validation examples at every evaluation
     # (RUN_DIR/attention/, animated by `tformer animate`)
     tensorboard: bool = False  # also log the metrics to RUN_DIR/tensorboard (needs the tensorboard package)

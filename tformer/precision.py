@@ -9,8 +9,8 @@
 
 Reduced precision needs units that compute in it: on a GPU, bf16 needs compute capability 8.0 (Ampere) or
 later; on a CPU, the flags in `CPU_UNITS`. Without them PyTorch still runs, emulating the format far slower
-than fp32 (about 200x measured on an AVX2 CPU), so decoding refuses (a ConfigError naming the key and the
-missing flag) and training warns. With them a bf16 matrix product runs 2.5x (AVX-512 BF16) to 4x (AMX) as fast
+than fp32 (`EMULATED`), so decoding refuses (a ConfigError naming the key and the missing flag) and training
+warns. With them a bf16 matrix product runs 2.5x (AVX-512 BF16) to 4x (AMX) as fast
 as fp32 on one core (benchmarks/RESULTS.md).
 """
 
@@ -26,6 +26,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # /proc/cpuinfo names them: AVX-512 BF16 (Intel Cooper Lake and later, AMD Zen 4 and later) or AMX;
 # AVX-512 FP16 or AMX-FP16 (Intel Sapphire Rapids and later, Granite Rapids)
 CPU_UNITS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+
+# what emulation costs, measured on an AMD EPYC Zen 3 (AVX2, 2 threads, torch 2.13; benchmarks/RESULTS.md)
+EMULATED = ("measured on an AVX2 CPU: a 1024x1024 bf16 matrix product about 150x slower, a bf16-autocast training "
+            "step about 20x slower")
 
 
 def cpu_flags() -> set[str] | None:
@@ -73,7 +77,7 @@ def check_decode(precision: str, quantize: str, device: torch.device, flags: set
     why = unsupported(precision, device, flags)
     if why:
         raise ConfigError(f"config key 'decode.precision': {precision} on {device.type}: {why}; PyTorch would emulate "
-                          f"{precision} far slower than fp32 (about 200x on an AVX2 CPU). Use decode.precision=fp32"
+                          f"{precision} far slower than fp32 ({EMULATED}). Use decode.precision=fp32"
                           + (" (or decode.quantize=int8 for speed)" if device.type == "cpu" else ""))
 
 

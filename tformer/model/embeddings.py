@@ -27,12 +27,21 @@ class Embedded(NamedTuple):
     positions: Tensor | None  # (..., D) position vectors left for the stack to add (None: added, or TUPE)
 
 
-def position_vectors(module: nn.Module | None, positions: Tensor | slice) -> Tensor | None:
-    """The vectors of `positions`: a slice start .. stop (L, D), broadcast over a padded batch, or an index
-    tensor (...) -> (..., D) (packed tokens, each at its own position). None without a position module."""
+class Span(NamedTuple):
+    """Positions start .. stop - 1, the same in every sentence of a padded batch. A slice would do, but
+    torch.compile fixes a slice's bounds in the compiled graph (train.compile would recompile for every
+    length); a tuple's stay symbolic."""
+
+    start: int
+    stop: int
+
+
+def position_vectors(module: nn.Module | None, positions: Tensor | Span) -> Tensor | None:
+    """The vectors of `positions`: a Span (L, D), broadcast over a padded batch, or an index tensor
+    (...) -> (..., D) (packed tokens, each at its own position). None without a position module."""
     if module is None:
         return None
-    if isinstance(positions, slice):
+    if isinstance(positions, Span):
         return module(positions.stop - positions.start, positions.start)
     return module.at(positions)
 
@@ -49,11 +58,11 @@ class Embeddings(nn.Module):
         self.dropout = Dropout(dropout)
         self.add_positions = add_positions
 
-    def forward(self, ids: Tensor, positions: Tensor | slice | None = None) -> Embedded:
+    def forward(self, ids: Tensor, positions: Tensor | Span | None = None) -> Embedded:
         """ids (...) and their positions in their sentences (see `position_vectors`; None: 0 .. L-1 along the
         last dim of ids (B, L)) -> (..., D)."""
         x = self.tokens(ids) * self.scale
-        positions = slice(0, ids.shape[-1]) if positions is None else positions
+        positions = Span(0, ids.shape[-1]) if positions is None else positions
         pos = position_vectors(self.positions, positions)
         if pos is not None and self.add_positions:
             return Embedded(self.dropout(x + pos), None)
@@ -157,7 +166,7 @@ class FrameEmbeddings(nn.Module):
         x, counts = stack_frames(frames, counts, self.stack, self.skip)
         return self.norm(self.proj(x)), counts  # (B, S', D)
 
-    def forward(self, x: Tensor, positions: Tensor | slice) -> Embedded:
+    def forward(self, x: Tensor, positions: Tensor | Span) -> Embedded:
         """Projected frames from `frames` (..., D) at their positions -> (..., D)."""
         pos = position_vectors(self.positions, positions)
         if pos is not None and self.add_positions:

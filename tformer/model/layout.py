@@ -20,6 +20,7 @@ from torch import Tensor
 
 from tformer.masks import (Graph, PositionBias, Segments, bipartite_graph, decoder_mask, encoder_mask,
                            packed_positions, padding_mask, self_graph)
+from tformer.model.embeddings import Span
 from tformer.structures import Structure
 
 
@@ -56,9 +57,9 @@ class Padded:
         """Padded (B, L, ...) -> this layout's rows: unchanged."""
         return x
 
-    def positions(self) -> Tensor | slice:
+    def positions(self) -> Tensor | Span:
         """The position of every row in its sentence: 0 .. L-1 for every sentence alike (or the index's)."""
-        return slice(0, self.length) if self.index is None else self.index
+        return Span(0, self.length) if self.index is None else self.index
 
     def slot_positions(self, n: int) -> Tensor:
         """The positions (n,) of a sentence's first n slots: what a bias table is computed over."""
@@ -149,8 +150,8 @@ class Step:
     def __init__(self, n_hyps: int, t: int, src_mask: Tensor, structure: Structure, packed: bool) -> None:
         self.n, self.t, self.src_mask, self.structure, self.packed = n_hyps, t, src_mask, structure, packed
 
-    def positions(self) -> slice:
-        return slice(self.t, self.t + 1)
+    def positions(self) -> Span:
+        return Span(self.t, self.t + 1)
 
     def self_mask(self, structure: Structure | None = None, causal: bool = True) -> Tensor | Graph | None:
         """Dense: None (every earlier position) or the (t+1,) row the structure allows; packed: a graph from

@@ -43,7 +43,7 @@ from tformer.errors import ConfigError
 from tformer.masks import Graph
 from tformer.model.act import ACTStack
 from tformer.model.cache import DecoderCache
-from tformer.model.embeddings import Embeddings, FrameEmbeddings
+from tformer.model.embeddings import Embeddings, FrameEmbeddings, Span
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout, Packed, Padded, Step
 from tformer.model.stack import LayerStack, Side, final_norm
@@ -179,11 +179,11 @@ class Transformer(nn.Module):
         rotary = self._rotary("decoder" if causal else "encoder", layout.positions(), e.x.device)
         return Side(e.x, e.positions, layout, layout.self_mask(structure, causal), layout.bias(table), rotary)
 
-    def _rotary(self, side: str, positions: Tensor | slice, device: torch.device) -> Rotary | None:
-        """RoPE's angles for rows at `positions` (a slice: every sentence alike; a tensor (1, N): packed)."""
+    def _rotary(self, side: str, positions: Tensor | Span, device: torch.device) -> Rotary | None:
+        """RoPE's angles for rows at `positions` (a Span: every sentence alike; a tensor (1, N): packed)."""
         if self.cfg.side_positions(side) != "rotary":
             return None
-        if isinstance(positions, slice):
+        if isinstance(positions, Span):
             positions = torch.arange(positions.start, positions.stop, device=device)
         return Rotary.build(positions.reshape(-1), self.cfg.d_model // self.cfg.n_heads, self.cfg.rotary_base,
                             self.cfg.rotary_layout)  # (L, Dh/2) each

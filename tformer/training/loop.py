@@ -38,6 +38,7 @@ from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, che
                                       save_tokenizers)
 from tformer.training.distributed import Context, all_reduce_update
 from tformer.training.ema import EMA
+from tformer.training.compile import CompiledForward, cache_dir as compile_cache_dir
 from tformer.training.precision import Precision
 from tformer.training.loss import ctc_loss, generator_loss
 from tformer.training.batches import Batches, SubwordSampling, prefetch
@@ -252,16 +253,19 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     calls this; see tformer.training.distributed."""
     ctx = distributed.setup(cfg.train.device)
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     if cfg.train.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS asks for
         torch.use_deterministic_algorithms(True)
+    elif cfg.train.compile:  # inductor's sums by atomic adds differ from run to run (training/compile.py)
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         if not ctx.main:
             log.setLevel(logging.WARNING)  # one voice: rank 0 logs
         return Trainer(cfg, Path(run_dir), resume, progress and ctx.main, ctx).run()
     finally:
         torch.set_num_threads(threads)  # train.threads is this run's, not the caller's for good
-        torch.use_deterministic_algorithms(deterministic)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
         distributed.teardown(ctx)
 
 
@@ -294,6 +298,7 @@ class Trainer:
             torch.manual_seed(t.seed + 1_000_003 * ctx.rank)
         self.optimizer = build_optimizer(self.model, cfg)
         self.amp = Precision(t.precision, ctx.device)
+        self.forward = CompiledForward(self.model, ctx.device) if t.compile else self.model  # what updates call
         self.state = TrainerState()
         if ckpt:
             ckpt.load_model_state(self.model, "raw")
@@ -401,8 +406,12 @@ class Trainer:
         """One update over this process's batches `micro`; the state advances whether it was taken or skipped."""
         state = self.state
         self.lr = learning_rate(state.step + 1, self.t, self.cfg.model.d_model)
-        ok = _update(self.model, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp,
+        tic = time.perf_counter()
+        ok = _update(self.forward, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp,
                      state.step + 1)
+        if isinstance(self.forward, CompiledForward) and self.forward.news() is not None:
+            log.info("train.compile: the first update took %.1f s, compiling included; inductor keeps the code in "
+                     "%s for the next run", time.perf_counter() - tic, compile_cache_dir())
         state.advance(self.batches.per_epoch)
         if ok:
             state.bad_updates = 0

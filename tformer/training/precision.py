@@ -10,9 +10,26 @@ from typing import Any
 
 import torch
 
-from tformer.precision import CPU_UNITS, cpu_flags, missing_cpu_units, unsupported  # noqa: F401 (re-exported)
+from tformer import precision as policy
+from tformer.precision import (CPU_UNITS, EMULATED, cpu_flags, missing_cpu_units,  # noqa: F401 (re-exported)
+                               unsupported)
 
 log = logging.getLogger("tformer")
+
+
+def cpu_choice(precision: str, flags: set[str] | None = None) -> str:
+    """What training on this CPU does in `precision`, and whether the CPU has bf16 units (for the log)."""
+    flags = policy.cpu_flags() if flags is None else flags
+    if flags is None:
+        return f"{'fp32 throughout' if precision == 'fp32' else 'autocast'} (this CPU's flags cannot be read)"
+    has = [u for u in CPU_UNITS["bf16"] if u in flags]
+    if precision == "fp32":
+        return ("fp32 throughout; this CPU has bf16 units (" + ", ".join(has) + "): train.precision=bf16 would "
+                "run the products in bf16" if has else
+                f"fp32 throughout; this CPU has no bf16 units ({' or '.join(CPU_UNITS['bf16'])})")
+    units = [u for u in CPU_UNITS[precision] if u in flags]
+    return (f"the forward under autocast in {precision} on this CPU's {', '.join(units)} units; weights, gradients "
+            "and the optimizer in fp32, the loss in fp32")
 
 
 class Precision:
@@ -27,8 +44,10 @@ class Precision:
         why = unsupported(precision, device) if precision in ("bf16", "fp16") else None
         if why:
             log.warning("train.precision=%s on %s: %s; autocast runs, but its %s matrix products are emulated, far "
-                        "slower than fp32 (about 200x measured on an AVX2 CPU); use train.precision=fp32 here",
-                        precision, device.type, why, precision)
+                        "slower than fp32 (%s); use train.precision=fp32 here", precision, device.type, why,
+                        precision, EMULATED)
+        elif device.type == "cpu":
+            log.info("train.precision=%s: %s", precision, cpu_choice(precision))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype is None:
