@@ -49,15 +49,18 @@ def _assert_same(a, b, atol=1e-6):
         torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-5, msg=k)
 
 
-def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, precision):
     # Adam's epsilon is raised here: the key projection's bias gets a gradient that is zero in exact
     # arithmetic (softmax ignores a constant per query), and Adam turns its float noise, which depends on the
-    # order of the sums, into full-size steps of either sign
-    two = _cfg(max_steps=3, epochs=5, adam_eps=1e-4)
+    # order of the sums, into full-size steps of either sign. Under bf16 autocast each process runs its batch's
+    # forward in bf16 as the single process runs each of its micro-batches: only the sums' order differs
+    two = _cfg(max_steps=3, epochs=5, adam_eps=1e-4, precision=precision)
     save_config(two, tmp_path / "two.yaml")
     proc = _torchrun(tmp_path / "two.yaml", tmp_path / "ddp")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    train(_cfg(max_steps=3, epochs=5, adam_eps=1e-4, accum_steps=2), tmp_path / "single")  # same 2 batches per update
+    train(_cfg(max_steps=3, epochs=5, adam_eps=1e-4, accum_steps=2, precision=precision),
+          tmp_path / "single")  # same 2 batches per update
     _assert_same(_weights(tmp_path / "ddp", 3), _weights(tmp_path / "single", 3))
     # one writer: one metrics log with one record per step and evaluation, the logged loss of the whole update
     ddp = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()

@@ -712,3 +712,103 @@ def test_beam_search_reads_one_value_back_per_step_however_many_hypotheses_end(f
     one, steps_one = reads_and_steps(1)
     many, steps_many = reads_and_steps(24)
     assert many <= steps_many + 2 and one <= steps_one + 2, (one, steps_one, many, steps_many)
+
+
+def test_the_repetition_penalty_is_hugging_faces_processor_on_the_logits():
+    """penalize_repeats equals transformers' RepetitionPenaltyLogitsProcessor (the oracle) for penalties above
+    and below 1, tokens repeated in a history included; it writes over a step's own fp32 logits, never over
+    bf16 ones or a view, and leaves everything as it was for 1 or an empty history."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from tformer.decode import penalize_repeats
+
+    logits = torch.randn(4, 11, generator=torch.Generator().manual_seed(0)) * 3
+    logits[2, 3] = 0.0
+    history = torch.tensor([[4, 4, 7], [0, 1, 2], [10, 3, 3], [5, 6, 5]])
+    for penalty in (1.3, 0.6):
+        want = RepetitionPenaltyLogitsProcessor(penalty)(history, logits.clone())
+        own = logits.clone()
+        got = penalize_repeats(own, history, penalty)
+        assert torch.equal(got, want) and got.data_ptr() == own.data_ptr()
+        assert not torch.equal(want, logits)
+    bf16 = logits.bfloat16()
+    got = penalize_repeats(bf16, history, 1.3)
+    assert got.dtype == torch.float32 and torch.equal(bf16, logits.bfloat16())
+    assert torch.equal(got, RepetitionPenaltyLogitsProcessor(1.3)(history, bf16.float()))
+    wide = torch.randn(4, 22)
+    view, before = wide[:, :11], wide.clone()
+    penalize_repeats(view, history, 1.3)
+    assert torch.equal(wide, before)
+    assert penalize_repeats(logits, history, 1.0) is logits and penalize_repeats(logits, history[:, :0], 1.3) is logits
+
+
+def _penalised(table, out, penalty):
+    """A step's log-probabilities after the repetition penalty, from scratch: tables_step's logits are log p
+    (-1e9 where the table has no entry); a token already in `out` has its logit multiplied by the penalty
+    (log p <= 0), then the log-softmax."""
+    probs = table.get(tuple(out), {EOS: 1.0})
+    logits = {t: math.log(probs[t]) if t in probs else -1e9 for t in range(V)}
+    for t in set(out):
+        logits[t] = logits[t] / penalty if logits[t] > 0 else logits[t] * penalty
+    z = math.log(sum(math.exp(v) for v in logits.values()))
+    return {t: v - z for t, v in logits.items() if t in probs}
+
+
+def _penalised_greedy(table, limit, penalty, prefix=()):
+    out, score = [], 0.0
+    while len(out) < max(limit, len(prefix)):
+        logp = _penalised(table, out, penalty)
+        tok = prefix[len(out)] if len(out) < len(prefix) else max(logp, key=logp.get)
+        score += logp[tok]
+        if tok == EOS:
+            break
+        out.append(tok)
+    return out, score
+
+
+def _penalised_paths(table, limit, penalty, alpha, rule, prefix=()):
+    limit, paths = max(limit, len(prefix)), []
+
+    def walk(path, lp):
+        for tok, logp in _penalised(table, path, penalty).items():
+            if len(path) < len(prefix) and tok != prefix[len(path)]:
+                continue
+            score, size = lp + logp, len(path) + 1
+            if tok == EOS or size == limit:
+                paths.append((score / length_penalty(size, alpha, rule), path if tok == EOS else path + [tok]))
+            else:
+                walk(path + [tok], score)
+
+    walk([], 0.0)
+    return sorted(paths, key=lambda h: -h[0])
+
+
+@pytest.mark.parametrize("penalty", [1.0, 2.0, 0.5])
+def test_greedy_beam_and_sampling_under_a_repetition_penalty_are_the_plain_searches_over_penalised_logits(penalty):
+    """`search` hands decode.repetition_penalty to every search: greedy (and sampling with top_k = 1) give the
+    plain greedy path over the penalised distribution, scored by it; a beam wider than the tree gives its
+    exhaustive n-best. The prefix's tokens count as output. On REPEAT (4 4 4 4 4 without it) the penalty bites."""
+    step, B, limit = tables_step(RULE_TABLES), len(RULE_TABLES), 5
+    cache, limits = cache_of(list(range(B))), torch.full((B,), limit)
+    greedy = search(step, cache, limits, DecodeConfig(repetition_penalty=penalty), prefix=RULE_PREFIX)
+    drawn = search(tables_step(RULE_TABLES, shared=False), cache, limits,
+                   DecodeConfig(strategy="sample", top_k=1, seed=3, repetition_penalty=penalty), prefix=RULE_PREFIX)
+    for i, (table, p) in enumerate(zip(RULE_TABLES, RULE_PREFIX)):
+        toks, score = _penalised_greedy(table, limit, penalty, p or ())
+        assert greedy.tokens[i] == [toks] and greedy.scores[i] == pytest.approx([score], abs=1e-5)
+        assert drawn.tokens[i] == [toks]
+    assert (_penalised_greedy(REPEAT, limit, penalty)[0] == [4] * 5) == (penalty <= 1.0)
+    cfg = DecodeConfig(strategy="beam", beam_size=100, nbest=3, len_penalty=1.0, len_penalty_rule="power",
+                       beam_finish="all", repetition_penalty=penalty)
+    wide = search(tables_step(RULE_TABLES[:4]), cache_of(list(range(4))), torch.full((4,), limit), cfg,
+                  prefix=RULE_PREFIX[:4])
+    for i, (table, p) in enumerate(zip(RULE_TABLES[:4], RULE_PREFIX)):
+        want = _penalised_paths(table, limit, penalty, 1.0, "power", p or ())[:3]
+        assert wide.tokens[i] == [toks for _, toks in want]
+        assert wide.scores[i] == pytest.approx([s for s, _ in want], abs=1e-5)
+
+
+def test_a_repetition_penalty_that_is_not_positive_is_refused_by_name():
+    for bad in (0.0, -1.2):
+        with pytest.raises(ValueError, match=r"decode\.repetition_penalty.*must be > 0"):
+            DecodeConfig(repetition_penalty=bad)

@@ -233,8 +233,8 @@ class Translator:
         `cancelled(i)`, asked before every batch and decoding step, True once source i's translation is no
         longer wanted: it leaves its batch at once (the others decode as they would have) and its entry is None
         (tformer serve gives up on a request past its time limit this way). `settings`: more DecodeConfig
-        fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, temperature, top_k,
-        top_p, seed, batch_tokens; `quantize` is chosen by `tformer.load`)."""
+        fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, repetition_penalty,
+        temperature, top_k, top_p, seed, batch_tokens; `quantize` is chosen by `tformer.load`)."""
         _check_list(sources, "sources")
         _check_batch_type(batch_type)
         cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)

@@ -364,6 +364,8 @@ class DecodeConfig:
     min_len: int = 0  # </s> is forbidden before this many tokens
     nbest: int = 1  # hypotheses returned per sentence (beam: <= beam_size; sample: independent draws)
     no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
+    repetition_penalty: float = 1.0  # the logits of tokens already output are divided by this where positive and
+    # multiplied where negative (CTranslate2's and Hugging Face's rule; > 1 discourages loops; 1 = off)
     temperature: float = 1.0  # sampling only
     top_k: int = 0  # sampling only: keep the k most probable tokens (0 = all)
     top_p: float = 1.0  # sampling only: keep the smallest set with this much probability
@@ -387,6 +389,8 @@ class DecodeConfig:
                "greedy search has one hypothesis; use decode.strategy=beam or sample for n-best lists")
         _check(self.len_penalty >= 0, "decode.len_penalty", f"must be >= 0, got {self.len_penalty}")
         _check(self.temperature > 0, "decode.temperature", f"must be > 0, got {self.temperature}")
+        _check(self.repetition_penalty > 0, "decode.repetition_penalty",
+               f"must be > 0 (1 = off, > 1 discourages repeats), got {self.repetition_penalty}")
         _check(0 < self.top_p <= 1, "decode.top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.precision == "fp32" or self.quantize == "none", "decode.precision",
                f"{self.precision} with decode.quantize={self.quantize}: int8 layers take fp32 inputs, so the two do "

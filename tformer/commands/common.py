@@ -121,7 +121,8 @@ def describe_decode(cfg) -> str:
     how = {"greedy": "greedy", "beam": f"beam {d.beam_size}, length penalty alpha {d.len_penalty}",
            "sample": f"sampling (temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}, seed {d.seed})"}
     extra = (f", min length {d.min_len}" if d.min_len else "") + \
-        (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "")
+        (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "") + \
+        (f", repetition penalty {d.repetition_penalty}" if d.repetition_penalty != 1.0 else "")
     batch = f"{d.batch_tokens} tokens" if d.batch_tokens else f"{d.batch_size} sentences"
     int8 = ", int8" if d.quantize == "int8" else f", {d.precision}" if d.precision != "fp32" else ""
     return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "

@@ -25,13 +25,13 @@ from tformer.config import DecodeConfig
 from tformer.data.vocab import Vocab
 from tformer.decode.beam import beam_search, length_penalty
 from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, Stop, TensorCache, forbid, force, forced_scores,
-                                   log_probs, max_lengths, prefix_table, select_rows, stopped)
+                                   log_probs, max_lengths, penalize_repeats, prefix_table, select_rows, stopped)
 from tformer.decode.greedy import greedy_search
 from tformer.decode.sampling import filter_logits, sample
 
 __all__ = ["Cache", "Hypotheses", "NBest", "StepFn", "Stop", "TensorCache", "beam_search", "filter_logits", "forbid",
-           "force", "forced_scores", "greedy_search", "length_penalty", "log_probs", "max_lengths", "prefix_table",
-           "sample", "search", "select_rows", "stopped"]
+           "force", "forced_scores", "greedy_search", "length_penalty", "log_probs", "max_lengths",
+           "penalize_repeats", "prefix_table", "sample", "search", "select_rows", "stopped"]
 
 
 def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,
@@ -42,10 +42,12 @@ def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: 
     bos, eos = Vocab.bos, Vocab.eos
     if cfg.strategy == "beam":
         return beam_search(step, cache, bos, eos, max_len, cfg.beam_size, cfg.len_penalty, cfg.min_len,
-                           cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish, stop, cfg.len_penalty_rule)
+                           cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish, stop, cfg.len_penalty_rule,
+                           cfg.repetition_penalty)
     if cfg.strategy == "sample":
         return sample(step, cache, bos, eos, max_len, ids if ids is not None else list(range(len(max_len))),
                       cfg.nbest, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, cfg.min_len,
-                      cfg.no_repeat_ngram, prefix, stop)
-    hyp = greedy_search(step, cache, bos, eos, max_len, cfg.min_len, cfg.no_repeat_ngram, prefix, stop)
+                      cfg.no_repeat_ngram, prefix, stop, cfg.repetition_penalty)
+    hyp = greedy_search(step, cache, bos, eos, max_len, cfg.min_len, cfg.no_repeat_ngram, prefix, stop,
+                        cfg.repetition_penalty)
     return NBest([[t] for t in hyp.tokens], [[s] for s in hyp.scores])

@@ -52,8 +52,8 @@ import bisect
 import torch
 from torch import Tensor
 
-from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, log_probs, prefix_table,
-                                   row_topk, stopped)
+from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, log_probs,
+                                   penalize_repeats, prefix_table, row_topk, stopped)
 
 FINISH_RULES = ("all", "top_k")
 PENALTIES = ("gnmt", "power")
@@ -109,14 +109,15 @@ class Finished:
 def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, beam: int, alpha: float = 0.6,
                 min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0,
                 prefix: list[list[int]] | None = None, finish: str = "top_k", stop: Stop | None = None,
-                penalty_rule: str = "gnmt") -> NBest:
+                penalty_rule: str = "gnmt", repetition_penalty: float = 1.0) -> NBest:
     """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output, raised where
     `prefix` (one id list per sentence, or None) is longer. `finish`: which endings are kept (module
     docstring). Returns the `nbest` best finished hypotheses of every sentence, each beginning with the
     sentence's prefix, with their length-normalised scores (fewer than `nbest` where fewer finite ones exist,
     e.g. an output cut to exactly its prefix). `stop` (common.stopped), asked before every step, takes
     sentences out at once with what they had finished. `alpha` and `penalty_rule`: the length normalisation
-    (module docstring)."""
+    (module docstring). `repetition_penalty` (common.penalize_repeats) changes the logits of each hypothesis's
+    tokens so far before it is extended; its scores sum the penalised log-probabilities."""
     if finish not in FINISH_RULES:
         raise ValueError(f"finish must be one of {FINISH_RULES}, got {finish!r}")
     if penalty_rule not in PENALTIES:
@@ -149,7 +150,7 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
         L, k = scores.shape
         live = sent.tolist()  # the host's copy, read once per step
         logits, cache = step(prev, cache)  # (L*k, V)
-        logp = log_probs(logits)  # (L*k, V), over the logits
+        logp = log_probs(penalize_repeats(logits, history, repetition_penalty))  # (L*k, V), over the logits
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
         if forcing:
             forced = prefix[sent, t].repeat_interleave(k)  # (L*k,) the prefix token due, -1 past the prefix

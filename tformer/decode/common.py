@@ -98,6 +98,23 @@ def forbid(logp: Tensor, history: Tensor, t: int, eos: int, min_len: int, no_rep
     return logp
 
 
+def penalize_repeats(logits: Tensor, history: Tensor, penalty: float) -> Tensor:
+    """The repetition penalty (Keskar et al., 2019), as CTranslate2 and Hugging Face's RepetitionPenalty
+    processor apply it: the logit of every token already in a row's `history` (N, t) is divided by `penalty`
+    where it is positive and multiplied by it where it is negative, so with penalty > 1 a token seen before is
+    less likely whatever its logit's sign (< 1 favours it). Applied to the logits (N, V), before the log-softmax
+    and the rules: the searches then score with the penalised distribution. Returns fp32 logits: written over
+    `logits` when they are a step's own fp32 output, in a new tensor otherwise; `logits` as they are for
+    penalty 1 or an empty history."""
+    if penalty == 1.0 or not history.shape[1]:
+        return logits
+    if not (logits.dtype == torch.float32 and logits._base is None and logits.is_contiguous()
+            and not logits.requires_grad):
+        logits = logits.to(torch.float32, copy=True)
+    seen = logits.gather(1, history)  # (N, t): a token repeated in the history is penalised once
+    return logits.scatter_(1, history, torch.where(seen > 0, seen / penalty, seen * penalty))
+
+
 def log_probs(logits: Tensor) -> Tensor:
     """log_softmax over the vocabulary, in fp32, for a step's logits (N, V). Written over them when they are
     fp32 already and own their memory (a step's fresh output: the search's to overwrite), so a step allocates

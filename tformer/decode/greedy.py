@@ -6,12 +6,12 @@ import torch
 from torch import Tensor
 
 from tformer.decode.common import (Cache, Hypotheses, StepFn, Stop, forbid, force, forced_scores, log_probs,
-                                   prefix_table, row_max, select_rows, stopped)
+                                   penalize_repeats, prefix_table, row_max, select_rows, stopped)
 
 
 def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, min_len: int = 0,
-                  no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None, stop: Stop | None = None
-                  ) -> Hypotheses:
+                  no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None, stop: Stop | None = None,
+                  repetition_penalty: float = 1.0) -> Hypotheses:
     """Pick the most probable allowed token at each step until </s> or `max_len` (B,) tokens.
 
     `prefix` (one id list per sentence, or None) forces the first tokens of each output: they are taken
@@ -21,6 +21,8 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
     others in its batch. Rows leave in groups (when an eighth of the rows have finished): each departure copies
     the whole cache, and a few finished rows cost less carried along than copied out. `stop` (common.stopped),
     asked before every step, takes sentences out at once; their tokens are what they had.
+    `repetition_penalty` (common.penalize_repeats) changes the logits of the tokens a row has output so far,
+    its prefix's included, before each choice.
     """
     B = max_len.shape[0]
     device = max_len.device
@@ -40,8 +42,9 @@ def greedy_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tenso
                 break
             cache = select_rows(cache, keep)
         logits, cache = step(prev, cache)  # (B_rows, V)
-        logp = log_probs(logits)  # (B_rows, V), over the logits
-        history = out[active, :t] if no_repeat_ngram else out[:0, :t]  # (B_rows, t): only the n-gram rule reads it
+        reads = no_repeat_ngram or repetition_penalty != 1.0  # the rules that read the tokens so far
+        history = out[active, :t] if reads else out[:0, :t]  # (B_rows, t)
+        logp = log_probs(penalize_repeats(logits, history, repetition_penalty))  # (B_rows, V), over the logits
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
         if forcing:
             forced = prefix[active, t]  # (B_rows,) the prefix token due, -1 past the prefix

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, prefix_table, select_rows,
-                                   stopped)
+from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, penalize_repeats,
+                                   prefix_table, select_rows, stopped)
 
 
 def top_p_mask(probs: Tensor, top_p: float) -> Tensor:
@@ -40,12 +40,14 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) 
 
 def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids: list[int], n: int = 1,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, min_len: int = 0,
-           no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None, stop: Stop | None = None) -> NBest:
+           no_repeat_ngram: int = 0, prefix: list[list[int]] | None = None, stop: Stop | None = None,
+           repetition_penalty: float = 1.0) -> NBest:
     """`n` independent samples per sentence, each beginning with the sentence's `prefix` (one id list per
     sentence, or None; a shorter limit is raised to it); `ids` (B,) are the sentences' indices in their input,
     which seed their generators. Scores are the samples' log-probabilities: the drawn tokens' under the
     filtered distribution, the forced ones' under the temperature alone. `stop` (common.stopped), asked
-    before every step, takes sentences out at once with the samples they had finished."""
+    before every step, takes sentences out at once with the samples they had finished. `repetition_penalty`
+    (common.penalize_repeats) changes the logits of each sample's tokens so far, before the temperature."""
     B = max_len.shape[0]
     device = max_len.device
     prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
@@ -67,6 +69,7 @@ def sample(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, ids:
             live, history, prev = live[keep], history[keep], prev[keep]
             cache = select_rows(cache, keep)
         logits, cache = step(prev, cache)  # (N_live, V)
+        logits = penalize_repeats(logits, history, repetition_penalty)
         allowed = forbid(logits.float().clone(), history, t, eos, min_len, no_repeat_ngram)  # -inf logits
         logp = filter_logits(allowed, temperature, top_k, top_p)  # (N_live, V)
         forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
