@@ -110,6 +110,16 @@ def all_reduce_update(ctx: Context, params: list[nn.Parameter], stats: list[floa
     return flat[offset:].tolist()
 
 
+def sum_ranks(ctx: Context, value: float) -> float:
+    """`value` summed over the processes (one small all_reduce); itself in one process."""
+    if not ctx.enabled:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64 if ctx.device.type == "cpu" else torch.float32,
+                     device=ctx.device)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
 def any_rank(ctx: Context, *flags: bool) -> list[bool]:
     """Each flag, true if it is true in any process (one small all_reduce)."""
     if not ctx.enabled:
