@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any
 
 import torch
@@ -69,8 +68,7 @@ class CompiledForward:
         self.reason = why_not(device)
         self.compiled = None if self.reason else torch.compile(model, dynamic=True,
                                                                options={"fallback_random": True})
-        self.first_seconds: float | None = None  # the first compiled call's time (compiling included)
-        self.told = False
+        self.compiled_once = self.told = False  # the first compiled call done; the trainer told of it
         if self.reason:
             log.warning("train.compile: cannot compile here: %s; training runs eager", self.reason)
 
@@ -81,10 +79,9 @@ class CompiledForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.compiled is None:
             return self.model(*args, **kwargs)
-        if self.first_seconds is not None:
+        if self.compiled_once:
             return self.compiled(*args, **kwargs)
         rng = torch.get_rng_state()  # a failed attempt must not move the dropout stream
-        tic = time.perf_counter()
         try:
             out = self.compiled(*args, **kwargs)
         except Exception as e:  # torch.compile raises many kinds (BackendCompilerFailed, Unsupported, ...)
@@ -93,15 +90,14 @@ class CompiledForward:
             torch.set_rng_state(rng)
             log.warning("train.compile: compiling the forward failed (%s); training runs eager", self.reason)
             return self.model(*args, **kwargs)
-        self.first_seconds = time.perf_counter() - tic
+        self.compiled_once = True
         return out
 
-    def news(self) -> float | None:
-        """The first compiled call's seconds, once (after the call that compiled): the trainer logs it then."""
-        if self.first_seconds is None or self.told:
-            return None
-        self.told = True
-        return self.first_seconds
+    def just_compiled(self) -> bool:
+        """True once, after the call that compiled (the trainer logs that update's time then)."""
+        news = self.compiled_once and not self.told
+        self.told = self.told or news
+        return news
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)

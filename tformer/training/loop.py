@@ -408,7 +408,7 @@ class Trainer:
         tic = time.perf_counter()
         ok = _update(self.forward, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp,
                      state.step + 1)
-        if isinstance(self.forward, CompiledForward) and self.forward.news() is not None:
+        if isinstance(self.forward, CompiledForward) and self.forward.just_compiled():
             log.info("train.compile: the first update took %.1f s, compiling included; inductor keeps the code in "
                      "%s for the next run", time.perf_counter() - tic, compile_cache_dir())
         state.advance(self.batches.per_epoch)
