@@ -21,7 +21,7 @@ import tformer  # noqa: E402
 import tformer.cli  # noqa: E402
 from tformer.config import DecodeConfig, same_architecture  # noqa: E402
 from tformer.errors import CheckpointError  # noqa: E402
-from tformer.inference import translate_ids  # noqa: E402
+from tformer.inference import score_ids, translate_ids  # noqa: E402
 
 SOURCES = ["A man in a blue shirt is standing on a ladder.", ">>deu<< Two dogs play in the snow.",
            "Three children are running on the beach near a big wave", "A woman sings."]
@@ -417,3 +417,27 @@ def test_the_guides_python_runs(tmp_path, monkeypatch, capsys):
     exec(compile(blocks[0], "docs/howto/pretrained.md", "exec"), {"__name__": "readme"})
     text, score = capsys.readouterr().out.splitlines()[-2:]
     assert text and float(score) < 0
+
+
+def test_an_imported_model_and_its_ensemble_hold_constraints_with_prefixes_and_nbest(folders, tmp_path):
+    """Constrained beam search over an imported model: every hypothesis holds its phrases (as the target
+    tokenizer spells them) and begins with its prefix, and its raw score is the forced decoding's, which
+    test_scores_equal_hugging_face_log_probabilities holds to Hugging Face. The ensemble with a second folder
+    holds them too."""
+    t = tformer.load(folders["opus-mt"], device="cpu")
+    wanted, prefix = [["Leiter", "steht"], ["Hunde"], None, ["Frau singt"]], [None, "Zwei", None, "Eine"]
+    options = dict(beam=4, nbest=2, len_penalty=0.0, max_len_a=0.0, max_len_b=12)
+    for translator in (t, tformer.load([folders["opus-mt"], make_folder(tmp_path / "other", seed=9)], device="cpu")):
+        got = translator.translate(SOURCES, constraints=wanted, prefix=prefix, **options)
+        for i, (x, phrases) in enumerate(zip(got, wanted)):
+            assert len(x.hypotheses) == 2
+            for h in x.hypotheses:
+                ids = [translator.target_tokenizer.vocab.stoi[piece] for piece in h.tokens]  # the output as decoded
+                for phrase in phrases or ():
+                    p = translator.encode(phrase, "target")
+                    assert any(ids[j:j + len(p)] == p for j in range(len(ids))), (h.text, phrase)
+                assert h.text.startswith(prefix[i] or "")
+                if translator is t:
+                    forced = score_ids(t.model, [t.encode(SOURCES[i])], [ids])[0]  # per token, </s> last
+                    cut = len(ids) >= 12  # at the limit: no </s> scored
+                    assert h.score == pytest.approx(sum(forced[: len(ids) + (0 if cut else 1)]), abs=1e-4)

@@ -6,6 +6,7 @@ are thin layers over this module.
     translator.translate(["A dog runs on the beach ."])[0].text
     translator.translate(lines, beam=5, nbest=3)           # Translation.hypotheses: the n-best list, best first
     translator.translate(lines, prefix=["Ein Hund", None]) # force the start of an output
+    translator.translate(lines, beam=5, constraints=[["Strand"], None])  # phrases each output must hold
     translator.translate(lines, alignment=True)[0].hypotheses[0].alignment   # [(source i, target j), ...]
     translator.translate_iterable(open("big.en"))          # streams: constant memory, input order
     translator.translate_file("in.en", "out.de")           # every line checked first; written atomically
@@ -39,6 +40,8 @@ from torch import Tensor
 
 from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
 from tformer.data.corpus import iter_lines, normalize
+from tformer.data.vocab import Vocab
+from tformer.decode.constraints import MAX_PHRASES
 from tformer.errors import ConfigError, DataError
 from tformer.files import writing
 from tformer.inference import BatchType, Source, batching, model_from, score_ids, translate_ids
@@ -207,6 +210,43 @@ class Translator:
             raise DataError(f"prefix has {len(prefix)} entries for {n} sources; give one per source (None for none)")
         return [self._prefix(p, f"prefix[{i}]") for i, p in enumerate(prefix)]
 
+    def _constraints(self, constraints: Sequence[Sequence[str] | None] | None, n: int, cfg: DecodeConfig
+                     ) -> list[list[list[int]]] | None:
+        """The phrases' ids, one list per source, checked: strings the target vocabulary can spell."""
+        if constraints is None:
+            return None
+        _check_list(constraints, "constraints")
+        if len(constraints) != n:
+            raise DataError(f"constraints has {len(constraints)} entries for {n} sources; give one list of phrases "
+                            "per source (None for none)")
+        out = []
+        for i, phrases in enumerate(constraints):
+            if phrases is None:
+                out.append([])
+                continue
+            if isinstance(phrases, str) or not isinstance(phrases, Sequence):
+                raise DataError(f"constraints[{i}] must be a list of target phrases (or None), got "
+                                f"{type(phrases).__name__}" + (f": wrap it, [{phrases!r}]" if isinstance(phrases, str)
+                                                                else ""))
+            if len(phrases) > MAX_PHRASES:
+                raise DataError(f"constraints[{i}] has {len(phrases)} phrases; at most {MAX_PHRASES} per sentence")
+            ids = []
+            for j, phrase in enumerate(phrases):
+                where = f"constraints[{i}][{j}]"
+                if not isinstance(phrase, str) or not phrase.strip():
+                    raise DataError(f"{where} must be a non-empty string, got {phrase!r}")
+                piece_ids = self._text(phrase, "target", where)
+                if Vocab.unk in piece_ids:
+                    unknown = [p for p, t in zip(self.pieces(piece_ids), piece_ids) if t == Vocab.unk]
+                    raise DataError(f"{where} ({phrase!r}) holds {len(unknown)} piece(s) the target vocabulary does not "
+                                    "have (<unk>): the model cannot write it; spell it with known words or drop it")
+                ids.append(piece_ids)
+            out.append(ids)
+        if any(out) and cfg.strategy != "beam":
+            raise ConfigError(f"constraints are enforced by beam search; decoding is set to {cfg.strategy!r}: give "
+                              "beam=N (N >= 2), or decode.strategy=beam")
+        return out
+
     def _pair(self, source: Any, target: Any, where_source: str, where_target: str) -> tuple[Source, list[int]]:
         """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty)."""
         checked = self._source(source, where_source)
@@ -220,7 +260,8 @@ class Translator:
                   prefix: Sequence[str | None] | None = None, batch_size: int | None = None,
                   batch_type: BatchType = "examples", return_attention: bool = False, alignment: bool = False,
                   alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
-                  cancelled: Callable[[int], bool] | None = None, **settings: Any) -> list[Translation]:
+                  cancelled: Callable[[int], bool] | None = None,
+                  constraints: Sequence[Sequence[str] | None] | None = None, **settings: Any) -> list[Translation]:
         """Translate every source (raw sentences, or frame arrays for a frame encoder); one Translation per
         source, in order. Every source is checked before any is decoded. `prefix`: one string (or None) per
         source that its outputs must begin with. `batch_size` sentences per batch, or with batch_type
@@ -232,7 +273,10 @@ class Translator:
         hypothesis' `tokens` (fairseq's --print-alignment; tformer.inspection.hard_alignments).
         `cancelled(i)`, asked before every batch and decoding step, True once source i's translation is no
         longer wanted: it leaves its batch at once (the others decode as they would have) and its entry is None
-        (tformer serve gives up on a request past its time limit this way). `settings`: more DecodeConfig
+        (tformer serve gives up on a request past its time limit this way). `constraints`: one list of target
+        phrases (or None) per source that each of its outputs must hold, enforced by lexically constrained beam
+        search (tformer.decode.constraints; beam search only, at most 8 phrases a sentence; a length limit too
+        short for them is raised). `settings`: more DecodeConfig
         fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, repetition_penalty,
         temperature, top_k, top_p, seed, batch_tokens; `quantize` is chosen by `tformer.load`)."""
         _check_list(sources, "sources")
@@ -240,8 +284,9 @@ class Translator:
         cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)
         extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
         prefixes = self._prefixes(prefix, len(sources))
+        phrases = self._constraints(constraints, len(sources), cfg)
         checked = self._sources(sources, lambda i: f"sources[{i}]")
-        return self._translate(checked, cfg, prefixes, batch_type, extras, cancelled)
+        return self._translate(checked, cfg, prefixes, batch_type, extras, cancelled, phrases)
 
     def translate_iterable(self, sources: Iterable[Any], *, prefix: Iterable[str | None] | None = None,
                            chunk_size: int = CHUNK, name: str = "the input", prefix_name: str = "the prefixes",
@@ -335,13 +380,13 @@ class Translator:
                             "per input line")
 
     def _translate(self, checked: list[Source | None], cfg: DecodeConfig, prefixes: list[list[int]] | None,
-                   batch_type: BatchType, extras: _Extras, cancelled: Callable[[int], bool] | None = None
-                   ) -> list[Translation]:
+                   batch_type: BatchType, extras: _Extras, cancelled: Callable[[int], bool] | None = None,
+                   constraints: list[list[list[int]]] | None = None) -> list[Translation]:
         live = [i for i, s in enumerate(checked) if s is not None]
         gone = None if cancelled is None else (lambda j: cancelled(live[j]))
         nbest = translate_ids(self.model, [checked[i] for i in live], cfg,
                               None if prefixes is None else [prefixes[i] for i in live], batch_type,
-                              gone) if live else None
+                              gone, None if constraints is None else [constraints[i] for i in live]) if live else None
         kept = [(j, i) for j, i in enumerate(live) if nbest.tokens[j] is not None]
         aligned = iter(self._align([(checked[i], h) for j, i in kept for h in nbest.tokens[j]], cfg,
                                    batch_type, extras) if kept and extras.alignment else ())

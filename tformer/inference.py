@@ -81,9 +81,10 @@ def _lengths(sources: list[Source]) -> list[int]:
 @torch.inference_mode()
 def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
                   prefixes: list[list[int]] | None = None, batch_type: BatchType = "examples",
-                  cancelled: Cancelled | None = None) -> NBest:
+                  cancelled: Cancelled | None = None, constraints: list[list[list[int]]] | None = None) -> NBest:
     """Decode every source with the search `cfg` describes; results in input order. `prefixes` (one id list
-    per source, possibly empty) force the start of each output. The length limit is a * (model source
+    per source, possibly empty) force the start of each output; `constraints` (one list of phrases, id lists,
+    per source) are held by every output (beam search; decode.constraints). The length limit is a * (model source
     length) + b: tokens, or model frames after stacking. `cancelled`: see the module docstring (a cancelled
     sentence's tokens and scores are None)."""
     was_training = model.training
@@ -104,7 +105,8 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
             n_src = enc.mask.sum(1) - (0 if src.is_floating_point() else 1)  # (B,) without </s>
             limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
             prefix = [prefixes[i] for i in rows] if prefixes is not None else None
-            hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop)
+            phrases = [constraints[i] for i in rows] if constraints is not None else None
+            hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop, constraints=phrases)
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:

@@ -6,6 +6,9 @@ The cache is the model's (tformer.model.cache.DecoderCache; `common.TensorCache`
 search only reorders it, `cache.reorder(hyp_rows, sentence_rows)`. Hypothesis-level entries have one row
 per hypothesis, sentence-level ones one row per sentence, shared by that sentence's hypotheses.
 
+Beam search also takes lexical constraints, phrases every output must hold (decode.constraints): one more
+rule on the step's scores, beside the prefix's.
+
 Every search takes an optional target prefix, one id list per sentence (no <s>/</s>; empty or None: none).
 Each output of sentence i then begins with exactly prefix[i], and the search goes on from there as it would
 have from that state. The prefix tokens count in the scores, at the log-probability the search scores with
@@ -35,15 +38,20 @@ __all__ = ["Cache", "Hypotheses", "NBest", "StepFn", "Stop", "TensorCache", "bea
 
 
 def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,
-           prefix: list[list[int]] | None = None, stop: Stop | None = None) -> NBest:
+           prefix: list[list[int]] | None = None, stop: Stop | None = None,
+           constraints: list[list[list[int]] | None] | None = None) -> NBest:
     """The search `cfg.strategy` names, over one batch; `ids` (sentence indices in the input) seed sampling;
     `prefix` (one id list per sentence, or None) forces the start of every output (see above); `stop` takes
-    sentences out before any step (common.stopped)."""
+    sentences out before any step (common.stopped); `constraints` (one list of id lists per sentence, or
+    None) are phrases every output must hold (decode.constraints: beam search only)."""
     bos, eos = Vocab.bos, Vocab.eos
     if cfg.strategy == "beam":
         return beam_search(step, cache, bos, eos, max_len, cfg.beam_size, cfg.len_penalty, cfg.min_len,
                            cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish, stop, cfg.len_penalty_rule,
-                           cfg.repetition_penalty)
+                           cfg.repetition_penalty, constraints)
+    if constraints is not None and any(constraints):
+        raise ValueError(f"constraints are enforced by beam search; decode.strategy is {cfg.strategy!r}: use "
+                         "strategy 'beam' (beam=N)")
     if cfg.strategy == "sample":
         return sample(step, cache, bos, eos, max_len, ids if ids is not None else list(range(len(max_len))),
                       cfg.nbest, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, cfg.min_len,

@@ -48,12 +48,14 @@ to the prefix's length), so no stopping rule fires before it ends, and the exact
 from __future__ import annotations
 
 import bisect
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, log_probs,
                                    penalize_repeats, prefix_table, row_topk, stopped)
+from tformer.decode.constraints import Constraints, choose
 
 FINISH_RULES = ("all", "top_k")
 PENALTIES = ("gnmt", "power")
@@ -109,7 +111,8 @@ class Finished:
 def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, beam: int, alpha: float = 0.6,
                 min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0,
                 prefix: list[list[int]] | None = None, finish: str = "top_k", stop: Stop | None = None,
-                penalty_rule: str = "gnmt", repetition_penalty: float = 1.0) -> NBest:
+                penalty_rule: str = "gnmt", repetition_penalty: float = 1.0,
+                constraints: Sequence[Sequence[Sequence[int]] | None] | None = None) -> NBest:
     """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output, raised where
     `prefix` (one id list per sentence, or None) is longer. `finish`: which endings are kept (module
     docstring). Returns the `nbest` best finished hypotheses of every sentence, each beginning with the
@@ -117,7 +120,9 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
     e.g. an output cut to exactly its prefix). `stop` (common.stopped), asked before every step, takes
     sentences out at once with what they had finished. `alpha` and `penalty_rule`: the length normalisation
     (module docstring). `repetition_penalty` (common.penalize_repeats) changes the logits of each hypothesis's
-    tokens so far before it is extended; its scores sum the penalised log-probabilities."""
+    tokens so far before it is extended; its scores sum the penalised log-probabilities. `constraints`: one
+    list of phrases (token id lists) per sentence, or None, that every output must hold (decode.constraints;
+    a limit too short for them is raised)."""
     if finish not in FINISH_RULES:
         raise ValueError(f"finish must be one of {FINISH_RULES}, got {finish!r}")
     if penalty_rule not in PENALTIES:
@@ -125,6 +130,9 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
     B, K = max_len.shape[0], beam
     device = max_len.device
     prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
+    rule = None
+    if constraints is not None and any(constraints):
+        rule, max_len = Constraints.of(constraints, prefix, max_len, (0, bos, eos))  # id 0: <pad>
     top_k = finish == "top_k"
     finished = Finished(B, K, device)
     penalty = penalties(int(max_len.max()) + 1, alpha, penalty_rule, device)  # (longest + 2,)
@@ -147,6 +155,8 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             sent, scores, prev = sent[keep], scores[keep], prev.index_select(0, keep_rows)
             history = history.index_select(0, keep_rows)
             cache = cache.reorder(keep_rows, keep)
+            if rule is not None:
+                rule.select(keep_rows)
         L, k = scores.shape
         live = sent.tolist()  # the host's copy, read once per step
         logits, cache = step(prev, cache)  # (L*k, V)
@@ -156,17 +166,20 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             forced = prefix[sent, t].repeat_interleave(k)  # (L*k,) the prefix token due, -1 past the prefix
             kept = forced_scores(logp, forced)  # (L*k,) before the rules
         ranked = forbid(logp, history, t, eos, min_len, no_repeat_ngram)  # in place
+        if rule is not None:
+            row_sent = sent.repeat_interleave(k)  # (L*k,)
+            ranked = rule.allow(ranked, row_sent, max_len.index_select(0, row_sent) - t - 1, eos)  # in place
         if forcing:  # the prefix token keeps its own log-probability; every row is computed alike
             ranked = force(ranked, forced, kept)  # in place
         V = ranked.shape[-1]
         t += 1
         base = scores.reshape(L * k, 1)  # (L*k, 1): a candidate's raw score is base + its log-probability
         if top_k:  # the 2K best extensions; </s> in the top K ranks ends
-            per_row = min(2 * K, V)
-            row_val, row_tok = row_topk(ranked, per_row)  # (L*k, n)
+            row_val, row_tok = _candidates(ranked, min(2 * K, V), rule)  # (L*k, n)
+            per_row = row_tok.shape[1]
             cand = (base + row_val).reshape(L, k * per_row)
-            top_scores, top_idx = cand.topk(min(2 * K, k * per_row), dim=1)  # (L, 2K) best first
-            top_tok = row_tok.reshape(L, -1).gather(1, top_idx)
+            top_scores, top_idx = _take(cand, row_tok, min(2 * K, k * per_row), rule, row_sent if rule else None)
+            top_tok = row_tok.reshape(L, -1).gather(1, top_idx)  # (L, 2K) best first, or as the banks take them
             top_beam = top_idx // per_row
             is_eos = top_tok == eos
             ranks = torch.arange(top_tok.shape[1], device=device)
@@ -182,24 +195,26 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             end_rows = (torch.isfinite(eos_scores) & (eos_scores > bar)).nonzero()[:, 0]  # (E,)
             end_l, end_raw = end_rows // k, eos_scores[end_rows]
             ranked[:, eos] = float("-inf")
-            per_row = min(K, V)
-            row_val, row_tok = row_topk(ranked, per_row)  # (L*k, n)
+            row_val, row_tok = _candidates(ranked, min(K, V), rule)  # (L*k, n)
+            per_row = row_tok.shape[1]
             cand = (base + row_val).reshape(L, k * per_row)
             n_next = min(K, k * per_row)
-            next_scores, top_idx = cand.topk(n_next, dim=1)  # (L, K') best first
+            next_scores, top_idx = _take(cand, row_tok, n_next, rule, row_sent if rule else None)  # (L, K')
             next_tok = row_tok.reshape(L, -1).gather(1, top_idx)
             next_beam = top_idx // per_row
         finished.add_all(live, end_l, history.index_select(0, end_rows), end_raw, divide[t])
         rows = (torch.arange(L, device=device)[:, None] * k + next_beam).reshape(-1)  # (L*K',) parent rows
         k = n_next
         history = torch.cat([history.index_select(0, rows), next_tok.reshape(-1, 1)], dim=1)
+        if rule is not None:
+            rule.advance(rows, next_tok.reshape(-1))
         limits = max_len.index_select(0, sent)  # (L,)
         last = t >= limits  # the length limit: what is alive ends here
         end_l, end_j = (last[:, None] & torch.isfinite(next_scores)).nonzero().unbind(1)  # (E,) each, in row order
         finished.add_all(live, end_l, history.index_select(0, end_l * k + end_j), next_scores[end_l, end_j], divide[t])
         # done: at the limit; or no live hypothesis can still reach the nbest-th finished (exact); or, top_k,
         # K finished and none alive ranks above the K-th any more (Hugging Face's rule)
-        alive_best = next_scores[:, 0].double()  # (L,) best live raw score
+        alive_best = next_scores.amax(1).double()  # (L,) best live raw score
         reach = alive_best / torch.maximum(penalty[min(t + 1, len(penalty) - 1)], penalty[limits])
         done = last | (reach <= finished.nth(live, nbest))
         if top_k:
@@ -213,8 +228,33 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             sent, next_scores, next_tok = sent[keep], next_scores[keep], next_tok[keep]
             history = history.index_select(0, keep_rows)
             cache = cache.reorder(rows.index_select(0, keep_rows), keep)
+            if rule is not None:
+                rule.select(keep_rows)
         else:
             cache = cache.reorder(rows)
         scores, prev = next_scores, next_tok.reshape(-1)
     tokens = [[h[1] for h in hyps[:nbest]] for hyps in finished.hyps]
     return NBest(tokens, [[h[0] for h in hyps[:nbest]] for hyps in finished.hyps])
+
+
+def _candidates(ranked: Tensor, n: int, rule: Constraints | None) -> tuple[Tensor, Tensor]:
+    """Each row's candidate extensions, (values, tokens) (N, n'): its n best tokens and, under constraints, every
+    token of the batch's phrases that is not among them already (-inf where it is)."""
+    values, tokens = row_topk(ranked, n)  # (N, n)
+    if rule is None:
+        return values, tokens
+    extra = rule.extra(tokens.shape[0])  # (N, A)
+    seen = (extra[:, :, None] == tokens[:, None, :]).any(2)
+    extra_values = ranked[:, rule.alphabet].masked_fill(seen, float("-inf"))
+    return torch.cat([values, extra_values], 1), torch.cat([tokens, extra], 1)
+
+
+def _take(cand: Tensor, tokens: Tensor, n: int, rule: Constraints | None, row_sent: Tensor | None
+          ) -> tuple[Tensor, Tensor]:
+    """(scores, positions) (L, n) of the candidates `cand` (L, m) a sentence keeps: the n best, or under
+    constraints the n the banks take (constraints.choose), whose `tokens` (N, m/k) move rows `row_sent` on."""
+    if rule is None:
+        return cand.topk(n, dim=1)
+    banks = rule.progress(tokens, row_sent).reshape(cand.shape)  # (L, m)
+    at = choose(cand, banks, n)
+    return cand.gather(1, at), at
