@@ -252,7 +252,8 @@ def test_libretranslate_json_lists_lines_and_alternatives(translator, server):
 @pytest.mark.parametrize("body, message", [
     ({"q": "a", "source": "fr", "target": "de"}, "source: 'fr' is not a language of this model"),
     ({"q": "a", "source": "en"}, "target: missing"),
-    ({"q": "a", "source": "en", "target": "de", "format": "html"}, "format: 'html' is not supported"),
+    ({"q": "a", "source": "en", "target": "de", "format": "xml"}, "format: 'xml' is not a format; give 'text'"),
+    ({"q": "<p>a</p", "source": "en", "target": "de", "format": 5}, "format: 5 is not a format"),
     ({"q": 5, "source": "en", "target": "de"}, "q: must be a string"),
     ({"q": [], "source": "en", "target": "de"}, "q: an empty list"),
     ({"source": "en", "target": "de"}, "q: missing"),

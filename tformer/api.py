@@ -210,9 +210,10 @@ class Translator:
             raise DataError(f"prefix has {len(prefix)} entries for {n} sources; give one per source (None for none)")
         return [self._prefix(p, f"prefix[{i}]") for i, p in enumerate(prefix)]
 
-    def _constraints(self, constraints: Sequence[Sequence[str] | None] | None, n: int, cfg: DecodeConfig
-                     ) -> list[list[list[int]]] | None:
-        """The phrases' ids, one list per source, checked: strings the target vocabulary can spell."""
+    def constraint_ids(self, constraints: Sequence[Sequence[str] | None] | None, n: int, cfg: DecodeConfig
+                       ) -> list[list[list[int]]] | None:
+        """`translate`'s constraints for `n` sources as ids, checked (strings the target vocabulary can spell,
+        at most MAX_PHRASES a source, beam search in `cfg`): a DataError or ConfigError names the entry."""
         if constraints is None:
             return None
         _check_list(constraints, "constraints")
@@ -284,7 +285,7 @@ class Translator:
         cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)
         extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
         prefixes = self._prefixes(prefix, len(sources))
-        phrases = self._constraints(constraints, len(sources), cfg)
+        phrases = self.constraint_ids(constraints, len(sources), cfg)
         checked = self._sources(sources, lambda i: f"sources[{i}]")
         return self._translate(checked, cfg, prefixes, batch_type, extras, cancelled, phrases)
 

@@ -1,4 +1,5 @@
-"""tformer translate: raw sentences from a file or standard input, one per line, translated line by line."""
+"""tformer translate: raw sentences from a file or standard input, one per line, translated line by line; or
+documents (--split, --format html, --glossary) through tformer.documents."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def add_parser(sub) -> None:
                         "ends in ' ||| ' and the hard alignment, 'source-target' pairs of 0-based piece indices "
                         "('0-0 1-2 2-1', Marian's format; with --nbest: 'index ||| translation ||| score ||| "
                         "alignment'). Every line is checked before any is translated, and --output is written "
-                        "only when all is done. Interactive when stdin is a terminal (without --prefix-file).")
+                        "only when all is done. Interactive when stdin is a terminal (without --prefix-file). "
+                        "Documents: --split takes each line as a paragraph and splits it into sentences; "
+                        "--format html reads the whole input as one HTML document or fragment and writes it back "
+                        "translated, its markup kept; --glossary holds the terms of a TSV file in the outputs.")
     sp.add_argument("--checkpoint", required=True, action="append", help=common.ENSEMBLE_HELP)
     sp.add_argument("--input", help="input file, plain or gzip (default: standard input)")
     sp.add_argument("--output", help="output file (default: standard output)")
@@ -31,6 +35,17 @@ def add_parser(sub) -> None:
     sp.add_argument("--max-source-tokens", type=int, default=1024, metavar="N",
                     help="refuse input lines (and prefixes) longer than N pieces, naming the line, before "
                     "translating anything (default 1024; 0 = no limit: attention memory grows with the square of it)")
+    g = sp.add_argument_group("documents (tformer.documents: the input is read whole, not streamed)")
+    g.add_argument("--split", action="store_true", help="each input line is a paragraph: split it into sentences "
+                   "(sentencex, the model's source language), translate them in one batch and write them back on "
+                   "its line, between their own spaces")
+    g.add_argument("--format", choices=("text", "html"), default="text", help="html: the input is one HTML "
+                   "document or fragment; block text is translated in context (split into sentences), inline tags "
+                   "follow their words by the model's alignments, comments/code/pre/script/style and "
+                   "translate=\"no\" pass through (default: text)")
+    g.add_argument("--glossary", metavar="FILE", help="a TSV file, 'source term<TAB>target term' per line: a "
+                   "term found in a sentence (whole words, any case) must appear in its translation, by "
+                   "lexically constrained beam search (needs --beam N, N >= 2)")
     common.decoding(sp)
     common.overrides(sp, common.INFERENCE_OVERRIDES)
     sp.set_defaults(func=run)
@@ -44,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         common.print_config(translator.config)
         return 0
+    if args.split or args.format == "html" or args.glossary:
+        return _documents(args, translator)
     nbest = translator.config.decode.nbest > 1
     options = common.alignment_options(args)
     translator.translate_iterable([], **options)  # the options checked before any line is read
@@ -67,4 +84,36 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryFile() as spool:  # a pipe is read once: keep it, to check every line first
         shutil.copyfileobj(sys.stdin.buffer, spool)
         translator.translate_file(spool, args.output or sys.stdout, name="standard input", **options)
+    return 0
+
+
+def _documents(args: argparse.Namespace, translator) -> int:
+    """--split, --format html, --glossary: the whole input read, translated by tformer.documents, written."""
+    from tformer.documents import Glossary, translate_documents
+    from tformer.errors import ConfigError
+    from tformer.files import writing
+
+    for flag, given in (("--prefix-file", args.prefix_file), ("--alignment", args.alignment),
+                        ("--nbest", translator.config.decode.nbest > 1)):
+        if given:
+            raise ConfigError(f"{flag} is for sentences one per line; --split, --format html and --glossary write "
+                              "one translation per document")
+    glossary = Glossary.read(args.glossary) if args.glossary else None
+    name = args.input or "standard input"
+    raw = open(args.input, "rb").read() if args.input else sys.stdin.buffer.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        from tformer.errors import DataError
+
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{name}, line {line}: not UTF-8 (byte {e.start}); save it as UTF-8") from None
+    if args.format == "html":
+        out = translate_documents(translator, [text], format="html", split=True, glossary=glossary)[0]
+    else:
+        lines = text.splitlines()
+        out = "".join(t + "\n" for t in translate_documents(translator, lines, split=args.split,
+                                                            glossary=glossary))
+    with writing(args.output or sys.stdout) as f:
+        f.write(out)
     return 0

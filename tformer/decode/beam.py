@@ -166,9 +166,8 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             forced = prefix[sent, t].repeat_interleave(k)  # (L*k,) the prefix token due, -1 past the prefix
             kept = forced_scores(logp, forced)  # (L*k,) before the rules
         ranked = forbid(logp, history, t, eos, min_len, no_repeat_ngram)  # in place
-        if rule is not None:
-            row_sent = sent.repeat_interleave(k)  # (L*k,)
-            ranked = rule.allow(ranked, row_sent, max_len.index_select(0, row_sent) - t - 1, eos)  # in place
+        if rule is not None:  # the tokens left after this one, per row
+            ranked = rule.allow(ranked, max_len.index_select(0, sent).repeat_interleave(k) - t - 1, eos)  # in place
         if forcing:  # the prefix token keeps its own log-probability; every row is computed alike
             ranked = force(ranked, forced, kept)  # in place
         V = ranked.shape[-1]
@@ -178,7 +177,7 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             row_val, row_tok = _candidates(ranked, min(2 * K, V), rule)  # (L*k, n)
             per_row = row_tok.shape[1]
             cand = (base + row_val).reshape(L, k * per_row)
-            top_scores, top_idx = _take(cand, row_tok, min(2 * K, k * per_row), rule, row_sent if rule else None)
+            top_scores, top_idx = _take(cand, row_tok, min(2 * K, k * per_row), rule)
             top_tok = row_tok.reshape(L, -1).gather(1, top_idx)  # (L, 2K) best first, or as the banks take them
             top_beam = top_idx // per_row
             is_eos = top_tok == eos
@@ -199,7 +198,7 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             per_row = row_tok.shape[1]
             cand = (base + row_val).reshape(L, k * per_row)
             n_next = min(K, k * per_row)
-            next_scores, top_idx = _take(cand, row_tok, n_next, rule, row_sent if rule else None)  # (L, K')
+            next_scores, top_idx = _take(cand, row_tok, n_next, rule)  # (L, K')
             next_tok = row_tok.reshape(L, -1).gather(1, top_idx)
             next_beam = top_idx // per_row
         finished.add_all(live, end_l, history.index_select(0, end_rows), end_raw, divide[t])
@@ -239,22 +238,23 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
 
 def _candidates(ranked: Tensor, n: int, rule: Constraints | None) -> tuple[Tensor, Tensor]:
     """Each row's candidate extensions, (values, tokens) (N, n'): its n best tokens and, under constraints, every
-    token of the batch's phrases that is not among them already (-inf where it is)."""
+    token of its sentence's phrases that is not among them already (-inf where it is)."""
     values, tokens = row_topk(ranked, n)  # (N, n)
     if rule is None:
         return values, tokens
-    extra = rule.extra(tokens.shape[0])  # (N, A)
-    seen = (extra[:, :, None] == tokens[:, None, :]).any(2)
-    extra_values = ranked[:, rule.alphabet].masked_fill(seen, float("-inf"))
+    extra = rule.extra()  # (N, a) the row's sentence's phrase tokens, -1 past them
+    seen = (extra[:, :, None] == tokens[:, None, :]).any(2) | (extra < 0)
+    extra = extra.clamp(min=0)  # padding: <pad>, at -inf
+    extra_values = ranked.gather(1, extra).masked_fill(seen, float("-inf"))
     return torch.cat([values, extra_values], 1), torch.cat([tokens, extra], 1)
 
 
-def _take(cand: Tensor, tokens: Tensor, n: int, rule: Constraints | None, row_sent: Tensor | None
-          ) -> tuple[Tensor, Tensor]:
+def _take(cand: Tensor, tokens: Tensor, n: int, rule: Constraints | None) -> tuple[Tensor, Tensor]:
     """(scores, positions) (L, n) of the candidates `cand` (L, m) a sentence keeps: the n best, or under
-    constraints the n the banks take (constraints.choose), whose `tokens` (N, m/k) move rows `row_sent` on."""
+    constraints the n the banks take (constraints.choose), by the progress each candidate's token (`tokens`,
+    (N, m/k)) makes."""
     if rule is None:
         return cand.topk(n, dim=1)
-    banks = rule.progress(tokens, row_sent).reshape(cand.shape)  # (L, m)
+    banks = rule.progress(tokens).reshape(cand.shape)  # (L, m)
     at = choose(cand, banks, n)
     return cand.gather(1, at), at

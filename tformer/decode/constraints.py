@@ -22,7 +22,7 @@ the batch begins. Three things follow from it:
 
 A sentence without phrases is one bank: its candidates are taken in score order, so it decodes exactly as
 without the rule, whatever its batch holds. Notation: B sentences, N hypothesis rows, M automaton nodes of the
-whole batch, A tokens that occur in the batch's phrases, S = 2^C masks (C: the most phrases of one sentence).
+whole batch, a the most tokens in one sentence's phrases, S = 2^C masks (C: the most phrases of one sentence).
 """
 
 from __future__ import annotations
@@ -88,14 +88,17 @@ def _distances(delta: Tensor, out: Tensor, C: int) -> Tensor:
 
 class Constraints:
     """The rule's tables for one batch, and the state of each hypothesis row. Build with `Constraints.of`;
-    the beam search reorders it with its cache (`select`) and moves it on by the chosen tokens (`advance`)."""
+    the beam search reorders it with its cache (`select`) and moves it on by the chosen tokens (`advance`).
+    Each sentence has its own alphabet (the tokens of its phrases, padded with -1 to the batch's longest, a):
+    a row looks at its own sentence's few tokens, never at the whole batch's."""
 
     def __init__(self, alphabet: Tensor, delta: Tensor, out: Tensor, dist: Tensor, roots: Tensor, need: Tensor,
                  full: Tensor, node: Tensor, met: Tensor) -> None:
-        self.alphabet = alphabet  # (A,) sorted token ids
-        self.delta, self.out, self.dist = delta, out, dist  # (M, A+1), (M,), (M, S)
+        self.alphabet = alphabet  # (B, a) each sentence's phrase tokens, -1 past them
+        self.delta, self.out, self.dist = delta, out, dist  # (M, a+1) by local column (a: any other), (M,), (M, S)
         self.roots, self.need, self.full = roots, need, full  # (B,) each sentence's root, its need D, its full mask
         self.node, self.met = node, met  # (N,) each row's automaton node and mask
+        self.sentence = torch.arange(len(roots), device=roots.device)  # (N,) each row's sentence
 
     @classmethod
     def of(cls, phrases: Sequence[Sequence[Sequence[int]] | None], prefix: Tensor, max_len: Tensor,
@@ -114,10 +117,11 @@ class Constraints:
             if any(not p or min(p) < 0 or set(p) & set(specials) for p in s):
                 raise ValueError(f"sentence {i}: a constraint is empty or holds a negative or special id ({s}); give "
                                  "ids without <s>, </s>, <pad>")
-        alphabet = sorted({tok for s in phrases for p in s for tok in p})
+        alphabets = [sorted({tok for p in s for tok in p}) for s in phrases]
+        a = max(map(len, alphabets), default=0)
         C = max(map(len, phrases), default=0)
         deltas, outs, dists, roots, need, full, start, offset = [], [], [], [], [], [], [], 0
-        for i, s in enumerate(phrases):
+        for i, (s, alphabet) in enumerate(zip(phrases, alphabets)):
             delta, out = _automaton(s, alphabet)
             delta_t, out_t = torch.tensor(delta), torch.tensor(out)
             dist = torch.full((len(delta), 1 << C), _FAR, dtype=torch.long)
@@ -128,7 +132,8 @@ class Constraints:
                     break
                 node = delta[node][alphabet.index(tok) if tok in alphabet else len(alphabet)]
                 met |= out[node]
-            deltas.append(delta_t + offset)
+            other = delta_t[:, -1:]  # padded columns (never a token's) lead where any other token does
+            deltas.append(torch.cat([delta_t[:, :-1], other.expand(-1, a - len(alphabet)), other], 1) + offset)
             outs.append(out_t)
             dists.append(dist)
             roots.append(offset)
@@ -137,7 +142,8 @@ class Constraints:
             start.append((offset + node, met, int((prefix[i] >= 0).sum()) + int(dist[node, met])))
             offset += len(delta)
         as_long = dict(dtype=torch.long, device=device)
-        rule = cls(torch.tensor(alphabet, **as_long), torch.cat(deltas).to(device), torch.cat(outs).to(device),
+        table = torch.tensor([al + [-1] * (a - len(al)) for al in alphabets], **as_long).reshape(B, a)
+        rule = cls(table, torch.cat(deltas).to(device), torch.cat(outs).to(device),
                    torch.cat(dists).to(device), torch.tensor(roots, **as_long), torch.tensor(need, **as_long),
                    torch.tensor(full, **as_long), torch.tensor([n for n, _, _ in start], **as_long),
                    torch.tensor([m for _, m, _ in start], **as_long))
@@ -147,50 +153,47 @@ class Constraints:
     def select(self, rows: Tensor) -> "Constraints":
         """Keep, reorder or repeat hypothesis rows (as the cache's hyp-level entries)."""
         self.node, self.met = self.node.index_select(0, rows), self.met.index_select(0, rows)
+        self.sentence = self.sentence.index_select(0, rows)
         return self
 
-    def _columns(self, tokens: Tensor) -> Tensor:
-        """The automaton's column of each token: its index in the alphabet, or A for any other token."""
-        A = self.alphabet.numel()
-        at = torch.searchsorted(self.alphabet, tokens.contiguous()).clamp(max=max(A - 1, 0))
-        hit = self.alphabet[at] == tokens if A else torch.zeros_like(tokens, dtype=torch.bool)
-        return torch.where(hit, at, A)
+    def extra(self) -> Tensor:
+        """(N, a) each row's sentence's phrase tokens, -1 past them: candidates beside the row's best ones."""
+        return self.alphabet.index_select(0, self.sentence)
 
-    def _after(self, rows: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-        """(node, mask) after each row of `rows` (R,) takes its `tokens` (R, n) (</s> leaves them as they are;
-        its columns are only read by `progress`, which never needs more)."""
-        node = self.delta[self.node[rows][:, None], self._columns(tokens)]  # (R, n)
-        return node, self.met[rows][:, None] | self.out[node]
+    def _after(self, tokens: Tensor, own: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(node, mask) after each row takes its `tokens` (N, n); `own`: the rows' alphabets (extra()), if
+        at hand. </s> moves a row as any other token does: only `progress` asks, and an ending has it all."""
+        own = self.extra() if own is None else own  # (N, a)
+        hit = tokens[:, :, None] == own[:, None, :]  # (N, n, a)
+        column = torch.where(hit.any(2), hit.int().argmax(2), own.shape[1])  # (N, n) local column, a: other
+        node = self.delta[self.node[:, None], column]  # (N, n)
+        return node, self.met[:, None] | self.out[node]
 
-    def allow(self, logp: Tensor, sentence: Tensor, remaining: Tensor, eos: int) -> Tensor:
+    def allow(self, logp: Tensor, remaining: Tensor, eos: int) -> Tensor:
         """The rule on a step's scores (N, V), in place: -inf for every token after which the row's phrases no
         longer fit in `remaining` (N,) tokens (its limit minus the tokens it will have), and for </s> until
-        every phrase is in. `sentence` (N,): each row's sentence in the batch's tables."""
-        N = logp.shape[0]
-        rows = torch.arange(N, device=logp.device)
-        kept = logp[:, self.alphabet]  # (N, A) the phrases' tokens, judged one by one below
-        other = self.dist[self.roots[sentence], self.met]  # (N,) any other token: back to the root
+        every phrase is in."""
+        own = self.extra()  # (N, a)
+        cols = own.clamp(min=0)  # padding reads and writes <pad>'s column, which is -inf already
+        kept = logp.gather(1, cols)  # (N, a) the phrases' tokens, judged one by one below
+        other = self.dist[self.roots[self.sentence], self.met]  # (N,) any other token: back to the root
         logp.masked_fill_((other > remaining)[:, None], float("-inf"))
-        node, met = self._after(rows, self.alphabet.expand(N, -1))  # (N, A)
-        fits = self.dist[node, met] <= remaining[:, None]  # (N, A)
-        logp[:, self.alphabet] = torch.where(fits, kept, torch.full_like(kept, float("-inf")))
-        logp[:, eos].masked_fill_(self.met != self.full[sentence], float("-inf"))
+        node, met = self._after(cols, own)  # (N, a)
+        fits = (self.dist[node, met] <= remaining[:, None]) & (own >= 0)  # (N, a)
+        logp.scatter_(1, cols, kept.masked_fill(~fits, float("-inf")))
+        logp[:, eos].masked_fill_(self.met != self.full[self.sentence], float("-inf"))
         return logp
 
-    def extra(self, rows: int) -> Tensor:
-        """(rows, A) the phrases' tokens, as candidates beside each row's best ones."""
-        return self.alphabet.expand(rows, -1)
-
-    def progress(self, tokens: Tensor, sentence: Tensor) -> Tensor:
+    def progress(self, tokens: Tensor) -> Tensor:
         """(N, n) each candidate's bank: how many tokens of its sentence's shortest completion the row has made
-        once it takes `tokens` (N, n) (sentence (N,) as in `allow`); 0 for a sentence without phrases."""
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
-        node, met = self._after(rows, tokens)
-        return self.need[sentence][:, None] - self.dist[node, met]
+        once it takes `tokens` (N, n); 0 for a sentence without phrases."""
+        node, met = self._after(tokens)
+        return self.need[self.sentence][:, None] - self.dist[node, met]
 
     def advance(self, rows: Tensor, tokens: Tensor) -> "Constraints":
         """Each new row continues parent row `rows` (N',) by `tokens` (N',)."""
-        node, met = self._after(rows, tokens[:, None])
+        self.select(rows)
+        node, met = self._after(tokens[:, None])
         self.node, self.met = node[:, 0], met[:, 0]
         return self
 

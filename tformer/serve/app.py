@@ -208,10 +208,15 @@ class Service:
         prefixes = None
         if any(r.prefixes is not None for r in reqs):
             prefixes = [p for r in reqs for p in (r.prefixes if r.prefixes is not None else [None] * len(r.sources))]
+        constraints = None
+        if any(r.constraints is not None for r in reqs):
+            constraints = [c for r in reqs for c in (r.constraints if r.constraints is not None else
+                                                     [None] * len(r.sources))]
         options = {"alignment": True} if first.alignment else {}
         out = self.translator.translate(sources, beam=first.beam, nbest=first.nbest, prefix=prefixes,
                                         batch_size=self.settings.batch_tokens, batch_type="tokens",
-                                        cancelled=abandoned(jobs), **options)
+                                        cancelled=abandoned(jobs), constraints=constraints,
+                                        repetition_penalty=first.decode.repetition_penalty, **options)
         return split_back(out, [len(r.sources) for r in reqs])
 
     async def translate(self, request: Request) -> Response:

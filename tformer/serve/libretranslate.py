@@ -6,11 +6,15 @@ and browser plug-ins, anything that speaks POST /translate and GET /languages).
                       -> {"translatedText": str or list, "alternatives": [...] when asked}
     GET  /languages   -> [{"code": "en", "name": "English", "targets": ["de"]}, {"code": "de", ..., "targets": []}]
 
+As LibreTranslate does, a text is split into sentences (tformer.documents: sentencex's rules for the source
+language; a line break always ends one), translated in one batch and put back between its own whitespace;
+format "html" translates the text of each block in context and moves inline tags to the words they held
+(word alignments), leaving comments, code, scripts, styles and translate="no" as they were. A server started
+with --glossary holds its terms in every translation (constrained beam search).
+
 Differences, on purpose: the model translates one language pair (the checkpoint's data.src_lang ->
 data.tgt_lang): any other source or target is a 400 naming the pair; source "auto" is taken to be the model's
-source language (there is no language detection). A text is translated line by line (each line a sentence,
-as the model was trained) and the lines joined again with "\\n". format "html" is refused (400): the model
-reads plain text, and translating markup as words would break it; send the text without tags.
+source language (there is no language detection).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from typing import Any
 
 from tformer.api import Translation, Translator
 from tformer.config import Config
-from tformer.serve.requests import (RequestError, Settings, TranslateRequest, check_text, decode_settings,
-                                    parse_form, parse_json, pieces)
+from tformer.documents import FORMATS, Prepared, prepare
+from tformer.errors import TformerError
+from tformer.serve.requests import (RequestError, Settings, TranslateRequest, check_text, constraints_field,
+                                    decode_settings, parse_form, parse_json, pieces)
 
 FIELDS = ("q", "source", "target", "format", "api_key", "alternatives")
 NAMES = {"ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
@@ -48,10 +54,10 @@ def parse_body(body: bytes, media_type: str) -> Any:
 
 @dataclass(frozen=True)
 class Asked:
-    """A /translate request: the lines to translate and how to put the answer together."""
+    """A /translate request: the sentences to translate and how to put the answer together."""
 
     request: TranslateRequest
-    lines: list[int]  # how many lines (sentences) each text of q has
+    texts: list[Prepared]  # each text of q, read: its sentences, and how to put their translations back
     as_list: bool  # q was a list: answer a list
     alternatives: int
 
@@ -64,7 +70,8 @@ def _one(body: dict[str, Any], name: str) -> Any:
 
 
 def translate_request(body: Any, translator: Translator, settings: Settings) -> Asked:
-    """A LibreTranslate /translate body, checked: the texts split into lines, the languages those of the model."""
+    """A LibreTranslate /translate body, checked: the texts read (split into sentences; html: its markup
+    parsed), the languages those of the model, the server's glossary terms found."""
     if not isinstance(body, dict):
         raise RequestError('the request must be a JSON object or a form such as {"q": "Hello", "source": "en", '
                            '"target": "de"}')
@@ -82,9 +89,11 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
         if value != want and not (name == "source" and value == "auto"):
             raise RequestError(f"{name}: {value!r} is not a language of this model; {pair}")
     form = _one(body, "format")
-    if form not in (None, "text"):
-        raise RequestError(f"format: {form!r} is not supported: this server translates plain text (format "
-                           "'text'); send the text without markup")
+    if form not in (None, "", *FORMATS):
+        raise RequestError(f"format: {form!r} is not a format; give 'text' (the default) or 'html'")
+    form = form or "text"
+    if form == "html" and translator.ensemble:
+        raise RequestError("format: 'html' needs word alignments from one model; this server decodes an ensemble")
     key = _one(body, "api_key")
     if key is not None and not isinstance(key, str):
         raise RequestError("api_key: must be a string")
@@ -96,28 +105,35 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
     texts = q if as_list else [q]
     if not texts:
         raise RequestError("q: an empty list; give at least one text")
-    sources, lines, widths = [], [], []
+    sources, prepared, widths = [], [], []
     for i, text in enumerate(texts):
         where = f"q[{i}]" if as_list else "q"
         if not isinstance(text, str):
             raise RequestError(f"{where}: must be a string, got {type(text).__name__}")
-        split = [line.rstrip("\r") for line in text.split("\n")]
-        lines.append(len(split))
-        for j, line in enumerate(split):
-            at = where if len(split) == 1 else f"{where}, line {j + 1}"
-            check_text(line, at, settings)
-            widths.append(pieces(translator, line, at, "source", settings) + 1)
-            sources.append(line)
+        try:
+            read = prepare(text, form, cfg.src_lang)
+        except TformerError as e:
+            raise RequestError(f"{where}: {e}") from None
+        prepared.append(read)
+        for j, sentence in enumerate(read.sentences):
+            at = where if len(read.sentences) == 1 else f"{where}, sentence {j + 1}"
+            check_text(sentence, at, settings)
+            widths.append(pieces(translator, sentence, at, "source", settings) + 1)
+            sources.append(sentence)
         if len(sources) > settings.max_sentences:
-            raise RequestError(f"q: more than {settings.max_sentences} lines (sentences); a request may have at most "
+            raise RequestError(f"q: more than {settings.max_sentences} sentences; a request may have at most "
                                f"{settings.max_sentences} (--max-sentences): split it into several requests")
     beam = nbest = None
     if alternatives:
         nbest = alternatives + 1
         beam = max(translator.config.decode.beam_size, nbest)
     decode = decode_settings(translator, beam, nbest)
-    request = TranslateRequest(sources, None, beam, nbest, False, decode, widths, settings.timeout)
-    return Asked(request, lines, as_list, alternatives)
+    if not sources:  # nothing but whitespace and markup: nothing for the model
+        sources, widths = [""], [1]
+    constraints = constraints_field(None, sources, translator, settings, decode, "q")
+    alignment = form == "html"
+    request = TranslateRequest(sources, None, beam, nbest, alignment, decode, widths, settings.timeout, constraints)
+    return Asked(request, prepared, as_list, alternatives)
 
 
 def _alternatives(value: Any, settings: Settings) -> int:
@@ -133,15 +149,15 @@ def _alternatives(value: Any, settings: Settings) -> int:
 
 
 def answer(asked: Asked, translations: list[Translation]) -> dict[str, Any]:
-    """The LibreTranslate answer: each text's lines translated and joined; with alternatives, the k-th
-    alternative of a text joins each line's (k+1)-th hypothesis (its best where it has fewer)."""
+    """The LibreTranslate answer: each text put back together from its sentences' translations; with
+    alternatives, the k-th alternative of a text takes each sentence's (k+1)-th hypothesis (its last where it
+    has fewer)."""
     texts, alts, start = [], [], 0
-    for n in asked.lines:
-        part = translations[start:start + n]
-        start += n
-        texts.append("\n".join(t.text for t in part))
-        alts.append(["\n".join(t.hypotheses[min(k, len(t.hypotheses) - 1)].text for t in part)
-                     for k in range(1, asked.alternatives + 1)])
+    for read in asked.texts:
+        part = translations[start:start + len(read.sentences)]
+        start += len(read.sentences)
+        texts.append(read.assemble(part))
+        alts.append([read.assemble(part, k) for k in range(1, asked.alternatives + 1)])
     out: dict[str, Any] = {"translatedText": texts if asked.as_list else texts[0]}
     if asked.alternatives:
         out["alternatives"] = alts if asked.as_list else alts[0]

@@ -23,9 +23,11 @@ from starlette.requests import Request
 
 from tformer.api import Translator
 from tformer.config import DecodeConfig
+from tformer.documents.glossary import Glossary
 from tformer.errors import ConfigError, TformerError
 
-TRANSLATE_FIELDS = ("src", "beam", "nbest", "prefix", "alignment", "timeout")
+TRANSLATE_FIELDS = ("src", "beam", "nbest", "prefix", "alignment", "constraints", "repetition_penalty", "timeout")
+MAX_REPETITION_PENALTY = 10.0
 SCORE_FIELDS = ("src", "tgt", "timeout")
 
 
@@ -56,6 +58,7 @@ class Settings:
     batch_tokens: int = 4096  # padded source tokens (sentences x longest) in one model call
     max_connections: int = 256  # open connections; the next one is answered 503
     api_key: str | None = field(default=None, repr=False)  # needed on every route but /v1/health, /languages
+    glossary: Glossary | None = field(default=None, repr=False)  # terms every translation must keep (--glossary)
 
     def __post_init__(self) -> None:
         for name in ("max_sentences", "max_chars", "max_tokens", "max_beam", "max_nbest", "max_body", "max_queue",
@@ -77,7 +80,8 @@ class Settings:
 
     def limits(self) -> dict[str, Any]:
         """The limits and batching settings a client may read (/v1/info); never the API key."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("api_key", "glossary")}
+        return {**out, "glossary_terms": len(self.glossary) if self.glossary is not None else 0}
 
 
 def _flag(name: str) -> str:
@@ -264,6 +268,7 @@ class TranslateRequest:
     decode: DecodeConfig
     widths: list[int]  # source pieces + </s> per sentence: what the batch's token budget counts
     timeout: float  # seconds it may wait for its answer
+    constraints: list[list[str]] | None = None  # per source, the target phrases it must hold (glossary included)
 
     @property
     def key(self) -> tuple[DecodeConfig, bool] | None:
@@ -279,8 +284,10 @@ class ScoreRequest:
     timeout: float  # seconds it may wait for its answer
 
 
-def decode_settings(translator: Translator, beam: int | None, nbest: int | None) -> DecodeConfig:
-    """The server's decoding defaults with the request's beam and nbest, or a 400 saying why not."""
+def decode_settings(translator: Translator, beam: int | None, nbest: int | None,
+                    repetition_penalty: float | None = None) -> DecodeConfig:
+    """The server's decoding defaults with the request's beam, nbest and repetition penalty, or a 400 saying
+    why not."""
     defaults = translator.config.decode
     strategy = defaults.strategy if beam is None else "greedy" if beam == 1 else "beam"
     size = defaults.beam_size if beam is None else beam
@@ -290,10 +297,51 @@ def decode_settings(translator: Translator, beam: int | None, nbest: int | None)
                            + (" (this server decodes greedily by default)" if beam is None else ""))
     if strategy == "beam" and n > size:
         raise RequestError(f"nbest: {n} hypotheses cannot come from a beam of {size}; give beam >= {n}")
+    extra = {} if repetition_penalty is None else {"repetition_penalty": repetition_penalty}
     try:
-        return translator.decode_settings(beam=beam, nbest=nbest)
+        return translator.decode_settings(beam=beam, nbest=nbest, **extra)
     except TformerError as e:
         raise RequestError(f"beam/nbest: {e}") from None
+
+
+def penalty_field(body: dict[str, Any]) -> float | None:
+    value = body.get("repetition_penalty")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_REPETITION_PENALTY:
+        raise RequestError(f"repetition_penalty: must be a number > 0 and at most {MAX_REPETITION_PENALTY:g} (1: "
+                           f"none, > 1 discourages repeats), got {value!r}")
+    return float(value)
+
+
+def constraints_field(value: Any, sources: list[str], translator: Translator, settings: Settings,
+                      cfg: DecodeConfig, where: str = "constraints") -> list[list[str]] | None:
+    """The request's constraints (one list of target phrases, or null, per source) with the server's glossary
+    terms found in each source added; None when no sentence has any. A 400 names the entry."""
+    if value is not None:
+        if not isinstance(value, list) or len(value) != len(sources):
+            raise RequestError(f"{where}: must be a list with one list of target phrases (or null) per sentence "
+                               f"({len(sources)}), got {_kind(value)}"
+                               + (f" of {len(value)}" if isinstance(value, list) else ""))
+        for i, phrases in enumerate(value):
+            if phrases is not None and not isinstance(phrases, list):
+                raise RequestError(f"{where}[{i}]: must be a list of target phrases or null, got {_kind(phrases)}")
+            for j, phrase in enumerate(phrases or ()):
+                check_text(phrase, f"{where}[{i}][{j}]", settings)
+                pieces(translator, phrase, f"{where}[{i}][{j}]", "target", settings)
+    glossary = settings.glossary
+    out = [list(value[i] or ()) if value is not None else [] for i in range(len(sources))]
+    if glossary is not None:
+        out = [given + [t for t in glossary.match(src) if t not in given] for given, src in zip(out, sources)]
+    if not any(out):
+        return None
+    try:
+        translator.constraint_ids(out, len(sources), cfg)
+    except TformerError as e:
+        glossed = glossary is not None and any(glossary.match(s) for s in sources)
+        raise RequestError(f"{e}" + (" (the server's --glossary adds its terms found in the sentences)" if glossed
+                                     else "")) from None
+    return out
 
 
 def translate_request(body: Any, translator: Translator, settings: Settings) -> TranslateRequest:
@@ -314,8 +362,10 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
                 check_text(p, f"prefix[{i}]", settings)
                 pieces(translator, p, f"prefix[{i}]", "target", settings)
     widths = [pieces(translator, s, f"src[{i}]", "source", settings) + 1 for i, s in enumerate(sources)]
-    cfg = decode_settings(translator, beam, nbest)
-    return TranslateRequest(sources, prefixes, beam, nbest, alignment, cfg, widths, time_limit(body, settings))
+    cfg = decode_settings(translator, beam, nbest, penalty_field(body))
+    constraints = constraints_field(body.get("constraints"), sources, translator, settings, cfg)
+    return TranslateRequest(sources, prefixes, beam, nbest, alignment, cfg, widths, time_limit(body, settings),
+                            constraints)
 
 
 def score_request(body: Any, translator: Translator, settings: Settings) -> ScoreRequest:

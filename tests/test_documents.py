@@ -1,0 +1,198 @@
+"""Documents through the API, the command line and the server (tformer.documents), against oracles: a
+paragraph translates as its sentences do one by one, put back between its own whitespace; every HTML fixture
+translated by a real model keeps its tag multiset and its pass-through content; a glossary's terms become the
+constraints that sentence-level translate takes; /v1/translate, LibreTranslate's /translate (text and html,
+its client's form) and `tformer translate` answer what the library does; bad glossaries and requests are
+refused naming the line or field."""
+
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+
+import tformer
+from test_markup import FIXTURES, _passed, _read, _tags
+from test_serve import CHECKPOINT, LINES, call, live
+from tformer.documents import Glossary, line_spans, prepare, translate_documents, word_alignment, word_of
+from tformer.documents.sentences import split_sentences
+from tformer.errors import ConfigError, DataError
+from tformer.results import Hypothesis, Translation
+
+
+@pytest.fixture(scope="module")
+def translator():
+    return tformer.load(CHECKPOINT, device="cpu")
+
+
+PARAGRAPHS = [f"{LINES[0]}. {LINES[1]}!  {LINES[2]}?\n\n {LINES[3]}. ", f"  {LINES[4]}", "", "   \n"]
+
+
+def _by_sentences(translator, text, **options):
+    """The oracle: each sentence split_sentences finds, translated alone, put back in place."""
+    out, at = [], 0
+    for a, b in split_sentences(text, "en"):
+        out += [text[at:a], translator.translate([text[a:b]], **options)[0].text]
+        at = b
+    return "".join(out) + text[at:]
+
+
+def test_a_paragraph_translates_as_its_sentences_one_by_one_between_its_own_whitespace(translator):
+    assert len(split_sentences(PARAGRAPHS[0], "en")) == 4  # the oracle splits, so the test means something
+    got = translate_documents(translator, PARAGRAPHS)
+    assert got == [_by_sentences(translator, p) for p in PARAGRAPHS]
+    assert got[2:] == ["", "   \n"]
+    lines = translate_documents(translator, PARAGRAPHS[:2], split=False)  # a line is a sentence
+    assert lines[1] == "  " + translator.translate([LINES[4]])[0].text
+    assert line_spans(" a b \n\n c\n") == [(1, 4), (8, 9)]
+
+
+GLOSSARY = "# terms\nman\tWOMAN\nred dog\tBIG CAT\n\nsmall\tA\n"
+
+
+def test_a_glossarys_terms_are_the_constraints_sentence_level_translate_takes(translator, tmp_path):
+    g = Glossary.parse(GLOSSARY)
+    assert g.match("The Man saw a red dog, a small red doggy and a man.") == ["WOMAN", "BIG CAT", "A"]
+    assert g.match("manly reddog smaller") == []  # whole words only
+    assert Glossary.parse("red\tX\nred dog\tY\n").match("a red dog and red") == ["Y", "X"]  # longest first
+    texts = [f"{LINES[0]}. {LINES[1]}", LINES[5]]
+    got = translate_documents(translator, texts, glossary=g, beam=4)
+    sentences = [s for t in texts for s in prepare(t).sentences]
+    want = translator.translate(sentences, beam=4, constraints=[g.match(s) for s in sentences])
+    assert any(g.match(s) for s in sentences)
+    assert got == [f"{want[0].text} {want[1].text}", want[2].text]
+    (tmp_path / "g.tsv").write_text(GLOSSARY, encoding="utf-8")
+    assert Glossary.read(tmp_path / "g.tsv") == g
+    with pytest.raises(ConfigError, match="beam search"):
+        translate_documents(translator, texts, glossary=g)  # greedy cannot hold terms
+
+
+@pytest.mark.parametrize("text, message", [
+    ("a\tb\tc\n", "line 1: 2 tabs"), ("ok\tfine\nnone here\n", "line 2: 0 tabs"), ("\tb\n", "line 1: the source term is empty"),
+    ("a\tb\n#\nA\tc\n", "line 3: 'A' is already in line 1 with another target term")])
+def test_a_bad_glossary_is_refused_naming_the_line(tmp_path, text, message):
+    path = tmp_path / "g.tsv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=f"{path}, {message}"):
+        Glossary.read(path)
+
+
+def test_a_glossary_that_is_not_utf8_names_the_line(tmp_path):
+    (tmp_path / "g.tsv").write_bytes(b"a\tb\nc\t\xff\n")
+    with pytest.raises(DataError, match="line 2: not UTF-8"):
+        Glossary.read(tmp_path / "g.tsv")
+
+
+def test_pieces_map_to_whitespace_words_and_alignments_to_word_pairs():
+    assert word_of(["▁A", "▁do", "g", "▁runs", "."]) == [0, 1, 1, 2, 2]
+    assert word_of(["A", "dog", "runs"]) == [0, 1, 2]  # a word vocabulary
+    assert word_of(["x", "▁y"]) == [0, 1]
+    t = Translation(["▁A", "▁do", "g", "."], [Hypothesis("Ein Hund.", ["▁Ein", "▁Hu", "nd", "."], 0.0, None,
+                                                        [(0, 0), (1, 1), (2, 2), (3, 3)])])
+    assert word_alignment(t) == [(0, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_every_html_fixture_translated_by_a_model_keeps_its_tags_and_pass_through_content(translator, fixture):
+    html = fixture.read_text(encoding="utf-8")
+    out = translate_documents(translator, [html], format="html")[0]
+    before, after = _read(html), _read(out)
+    assert _tags(after) == _tags(before)
+    assert _passed(after) == _passed(before)
+    doc = prepare(html, "html")
+    translated = translator.translate(doc.sentences) if doc.sentences else []
+    words = " ".join(t.text for t in translated).split()
+    text = " ".join(after.itertext()).split()
+    assert all(w in text for w in words)  # every translated word is in the output
+
+
+def test_html_needs_one_models_alignments():
+    pair = tformer.load([CHECKPOINT, CHECKPOINT], device="cpu")
+    with pytest.raises(ConfigError, match="ensemble"):
+        translate_documents(pair, ["<p>man runs</p>"], format="html")
+
+
+def test_the_server_takes_constraints_and_a_repetition_penalty_as_the_library_does(translator):
+    with live(translator, max_sentences=8) as (_, url):
+        body = {"src": LINES[:3], "beam": 4, "nbest": 2, "constraints": [["CAT"], None, ["RED DOG", "MAN"]],
+                "repetition_penalty": 1.3}
+        status, out, _ = call(url, "/v1/translate", body)
+        want = translator.translate(LINES[:3], beam=4, nbest=2, constraints=body["constraints"],
+                                    repetition_penalty=1.3)
+        assert status == 200
+        assert [[h["text"] for h in t["hypotheses"]] for t in out["translations"]] == \
+            [[h.text for h in t.hypotheses] for t in want]
+        plain = translator.translate(LINES[:3], beam=4, nbest=2)
+        assert [t.text for t in plain] != [t.text for t in want]
+        for bad, message in [
+            ({"constraints": [["CAT"]]}, "constraints: must be a list with one list of target phrases (or null) per "
+                                         "sentence (3), got a list of 1"),
+            ({"constraints": ["CAT", None, None]}, "constraints[0]: must be a list of target phrases or null"),
+            ({"constraints": [[5], None, None]}, "constraints[0][0]: must be a string"),
+            ({"constraints": [["ß€"], None, None]}, "constraints[0][0] ('ß€') holds 1 piece(s)"),
+            ({"constraints": [["CAT"], None, None], "beam": 1}, "constraints are enforced by beam search"),
+            ({"repetition_penalty": 0}, "repetition_penalty: must be a number > 0"),
+            ({"repetition_penalty": "2"}, "repetition_penalty: must be a number > 0")]:
+            status, out, _ = call(url, "/v1/translate", {"src": LINES[:3], "beam": 3, **bad})
+            assert status == 400 and message in out["error"], (bad, out)
+
+
+def _libre_form(url, q, **fields):
+    """What libretranslatepy's LibreTranslateAPI.translate posts (a urlencoded form: q, source, target), with
+    more fields: its 2.1 API has no format argument, so this adds format=html to its own request."""
+    form = urllib.parse.urlencode({"q": q, "source": "en", "target": "de", **fields}).encode()
+    return call(url, "/translate", raw=form, content_type="application/x-www-form-urlencoded")
+
+
+def test_libretranslate_translates_paragraphs_html_and_glossary_terms_as_the_library(translator):
+    from libretranslatepy import LibreTranslateAPI
+
+    html = (FIXTURES[0].parent / "news_paragraph.html").read_text(encoding="utf-8")
+    with live(translator, max_sentences=64, max_chars=1000, max_tokens=256) as (_, url):
+        client = LibreTranslateAPI(url + "/")
+        assert client.translate(PARAGRAPHS[0], "en", "de") == translate_documents(translator, [PARAGRAPHS[0]])[0]
+        status, out, _ = _libre_form(url, html, format="html")
+        assert status == 200 and out["translatedText"] == translate_documents(translator, [html], format="html")[0]
+        status, out, _ = call(url, "/translate", {"q": [html, "<p>man <b>runs</b></p>"], "source": "en", "target": "de",
+                                                  "format": "html"})
+        assert status == 200 and out["translatedText"] == translate_documents(
+            translator, [html, "<p>man <b>runs</b></p>"], format="html")
+        status, out, _ = call(url, "/translate", {"q": PARAGRAPHS[0], "source": "en", "target": "de", "alternatives": 2})
+        sentences = prepare(PARAGRAPHS[0]).sentences
+        want = translator.translate(sentences, beam=5, nbest=3)
+        assert status == 200 and out["alternatives"][1] == prepare(PARAGRAPHS[0]).assemble(want, 2)
+        status, out, _ = _libre_form(url, "<p>a <b>b</p></i><p", format="html")
+        assert status == 200  # lxml recovers what a browser would
+        status, out, _ = _libre_form(url, "a\x00b", format="html")
+        assert status == 400 and out["error"].startswith("q: ")
+    g = Glossary.parse(GLOSSARY)
+    with live(translator, glossary=g) as (_, url):
+        status, out, _ = call(url, "/translate", {"q": PARAGRAPHS[0], "source": "en", "target": "de"})
+        assert status == 400 and "beam search" in out["error"] and "--glossary" in out["error"]
+    beam = tformer.load(CHECKPOINT, device="cpu", strategy="beam", beam_size=4)
+    with live(beam, glossary=g) as (_, url):
+        status, out, _ = call(url, "/translate", {"q": PARAGRAPHS[0], "source": "en", "target": "de"})
+        assert status == 200 and out["translatedText"] == translate_documents(beam, [PARAGRAPHS[0]], glossary=g)[0]
+        status, out, _ = call(url, "/v1/translate", {"src": [LINES[0]], "constraints": [["CAT"]]})
+        want = beam.translate([LINES[0]], constraints=[["CAT"] + g.match(LINES[0])])
+        assert status == 200 and out["translations"][0]["text"] == want[0].text
+
+
+def test_the_command_line_translates_paragraphs_html_and_glossaries(translator, tmp_path):
+    (tmp_path / "in.txt").write_text("\n".join(PARAGRAPHS[:2]) + "\n", encoding="utf-8")
+    (tmp_path / "in.html").write_text("<p>man <b>runs</b> small</p>\n", encoding="utf-8")
+    (tmp_path / "g.tsv").write_text(GLOSSARY, encoding="utf-8")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tformer", "translate", "--checkpoint", str(CHECKPOINT),
+                                     *a], capture_output=True, text=True)
+    r = run("--input", str(tmp_path / "in.txt"), "--split", "--glossary", str(tmp_path / "g.tsv"), "--beam", "3")
+    lines = "\n".join(PARAGRAPHS[:2]).splitlines()
+    assert r.returncode == 0 and r.stdout == "".join(
+        t + "\n" for t in translate_documents(translator, lines, glossary=Glossary.parse(GLOSSARY), beam=3))
+    r = run("--input", str(tmp_path / "in.html"), "--format", "html")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == translate_documents(translator, ["<p>man <b>runs</b> small</p>\n"], format="html")[0].rstrip("\n")
+    (tmp_path / "bad.tsv").write_text("a\tb\tc\n", encoding="utf-8")
+    r = run("--input", str(tmp_path / "in.txt"), "--glossary", str(tmp_path / "bad.tsv"), "--beam", "3")
+    assert r.returncode != 0 and "bad.tsv, line 1: 2 tabs" in r.stderr
+    r = run("--input", str(tmp_path / "in.txt"), "--split", "--nbest", "2", "--beam", "3")
+    assert r.returncode != 0 and "--nbest is for sentences one per line" in r.stderr
