@@ -238,3 +238,11 @@ def test_constraints_the_translator_cannot_take_are_refused_naming_the_entry(v1)
     for options, error, match in cases:
         with pytest.raises(error, match=match):
             v1.translate(LINES[:2], **{"beam": 3, **options})
+
+
+def test_a_constraint_the_other_rules_rule_out_gives_an_empty_output_scored_minus_infinity(v1, caplog):
+    """no_repeat_ngram=1 forbids a second 'M' of 'MAN MAN': no output can hold it. The sentence still gets its
+    one (empty) hypothesis, and the log says why; the others decode as usual."""
+    got = v1.translate(LINES[:2], beam=3, constraints=[["MAN MAN"], None], no_repeat_ngram=1)
+    assert got[0].text == "" and got[0].score == float("-inf") and "no output satisfies" in caplog.text
+    assert got[1].text == v1.translate(LINES[1:2], beam=3, no_repeat_ngram=1)[0].text

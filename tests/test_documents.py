@@ -196,3 +196,14 @@ def test_the_command_line_translates_paragraphs_html_and_glossaries(translator, 
     assert r.returncode != 0 and "bad.tsv, line 1: 2 tabs" in r.stderr
     r = run("--input", str(tmp_path / "in.txt"), "--split", "--nbest", "2", "--beam", "3")
     assert r.returncode != 0 and "--nbest is for sentences one per line" in r.stderr
+
+
+def test_serve_refuses_a_glossary_it_could_not_hold_and_a_malformed_one(tmp_path):
+    (tmp_path / "g.tsv").write_text(GLOSSARY, encoding="utf-8")
+    (tmp_path / "bad.tsv").write_text("a b\n", encoding="utf-8")
+    serve = lambda *a: subprocess.run([sys.executable, "-m", "tformer", "serve", "--checkpoint", str(CHECKPOINT),
+                                       "--port", "0", *a], capture_output=True, text=True, timeout=120)
+    r = serve("--glossary", str(tmp_path / "g.tsv"))
+    assert r.returncode != 0 and "--glossary: its terms are held by beam search" in r.stderr
+    r = serve("--glossary", str(tmp_path / "bad.tsv"), "decode.strategy=beam")
+    assert r.returncode != 0 and "bad.tsv, line 1: 0 tabs" in r.stderr

@@ -809,6 +809,6 @@ def test_greedy_beam_and_sampling_under_a_repetition_penalty_are_the_plain_searc
 
 
 def test_a_repetition_penalty_that_is_not_positive_is_refused_by_name():
-    for bad in (0.0, -1.2):
-        with pytest.raises(ValueError, match=r"decode\.repetition_penalty.*must be > 0"):
+    for bad in (0.0, -1.2, 5e-324, 2000.0, float("nan")):  # tiny or huge ones make logits overflow to inf
+        with pytest.raises(ValueError, match=r"decode\.repetition_penalty.*must be > 0, from 0.001 to 1000"):
             DecodeConfig(repetition_penalty=bad)

@@ -66,7 +66,8 @@ PUBLIC_CODES = GET_CODES - {401}  # "no API key needed": /v1/health, /languages,
 # path -> (method, required body fields, optional body fields, an example body (all the required fields),
 #          keys every answer has, statuses)
 ROUTES = {
-    "/v1/translate": ("post", {"src"}, {"beam", "nbest", "prefix", "alignment", "timeout"},
+    "/v1/translate": ("post", {"src"}, {"beam", "nbest", "prefix", "alignment", "constraints", "repetition_penalty",
+                                        "timeout"},
                       {"src": ["a b c"]}, {"translations"}, POST_CODES),
     "/v1/score": ("post", {"src", "tgt"}, {"timeout"}, {"src": ["a b c"], "tgt": ["a b c"]}, {"scores"}, POST_CODES),
     "/v1/health": ("get", set(), set(), None, {"status", "pending_sentences", "uptime_seconds"}, PUBLIC_CODES),
@@ -172,20 +173,23 @@ def names_the_field(ctx, response, case) -> None:
 
 
 def _consistent(case) -> None:
-    """Bring a generated body in line with what the schema cannot say (one prefix per source, nbest <= beam),
-    where that leaves the case as valid or invalid as it was: else most cases would stop at those rules. A
-    prefix list is padded with nulls (valid items) to the length of src; a valid case is also cut to it and
-    gets an nbest its beam allows."""
+    """Bring a generated body in line with what the schema cannot say (one prefix and one constraint list per
+    source, nbest <= beam), where that leaves the case as valid or invalid as it was: else most cases would stop
+    at those rules. A prefix or constraints list is padded with nulls (valid items) to the length of src; a
+    valid case is also cut to it and gets an nbest its beam allows."""
     body = case.body
     if not isinstance(body, dict):
         return
-    src, prefix = body.get("src"), body.get("prefix")
-    if isinstance(src, list) and isinstance(prefix, list) and len(prefix) < len(src):
-        prefix.extend([None] * (len(src) - len(prefix)))
+    src = body.get("src")
+    for name in ("prefix", "constraints"):
+        given = body.get(name)
+        if isinstance(src, list) and isinstance(given, list) and len(given) < len(src):
+            given.extend([None] * (len(src) - len(given)))
     if case.meta is None or case.meta.generation.mode is not GenerationMode.POSITIVE:
         return
-    if isinstance(src, list) and isinstance(prefix, list):
-        del prefix[len(src):]
+    for name in ("prefix", "constraints"):
+        if isinstance(src, list) and isinstance(body.get(name), list):
+            del body[name][len(src):]
     beam, nbest = body.get("beam"), body.get("nbest")
     most = beam if isinstance(beam, int) else 1  # no beam: the checkpoint's greedy search
     if isinstance(nbest, int) and nbest > most:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ CHUNK = 10_000  # sentences read, sorted by length and decoded together by the s
 EXTRAS = ("return_attention", "alignment", "alignment_layer", "alignment_heads")  # what outputs carry, on request
 SCORE_OPTIONS = ("batch_size", "batch_tokens")  # the decoding settings scoring reads
 _END = object()  # what next() gives at the end of a stream
+log = logging.getLogger("tformer")
 
 
 @dataclass(frozen=True)
@@ -399,6 +401,11 @@ class Translator:
                 continue
             src, hyps = checked[i], nbest.tokens[j]
             src_pieces = [] if isinstance(src, Tensor) else self.pieces(src, "source")
+            if not hyps:  # every path was ruled out (e.g. no_repeat_ngram against a constraint): say so, empty
+                log.warning("source %d: no output satisfies the decoding rules (no_repeat_ngram, constraints); its "
+                            "translation is empty with score -inf", i)
+                out[i] = Translation(src_pieces, [Hypothesis("", [], float("-inf"), None, empty)])
+                continue
             maps = [None] * len(hyps)
             if extras.attention:
                 maps = attention_maps(self.model, [(src, h) for h in hyps], None if isinstance(src, Tensor) else

@@ -389,8 +389,9 @@ class DecodeConfig:
                "greedy search has one hypothesis; use decode.strategy=beam or sample for n-best lists")
         _check(self.len_penalty >= 0, "decode.len_penalty", f"must be >= 0, got {self.len_penalty}")
         _check(self.temperature > 0, "decode.temperature", f"must be > 0, got {self.temperature}")
-        _check(self.repetition_penalty > 0, "decode.repetition_penalty",
-               f"must be > 0 (1 = off, > 1 discourages repeats), got {self.repetition_penalty}")
+        _check(1e-3 <= self.repetition_penalty <= 1e3, "decode.repetition_penalty",
+               f"must be > 0, from 0.001 to 1000 (1 = off, > 1 discourages repeats; beyond, logits overflow), got "
+               f"{self.repetition_penalty}")
         _check(0 < self.top_p <= 1, "decode.top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.precision == "fp32" or self.quantize == "none", "decode.precision",
                f"{self.precision} with decode.quantize={self.quantize}: int8 layers take fp32 inputs, so the two do "

@@ -51,19 +51,24 @@ def add_parser(sub) -> None:
                    "clients cannot hold connections (default 10)")
     g.add_argument("--body-timeout", type=float, default=30.0, help="seconds a client has to send a request body once "
                    "its headers are in: then 408 (default 30)")
+    sp.add_argument("--glossary", metavar="FILE", help="a TSV file, 'source term<TAB>target term' per line: a term "
+                    "found in a sentence (whole words, any case) must appear in its translation, on every route "
+                    "(lexically constrained beam search: serve with decode.strategy=beam)")
     common.overrides(sp, common.INFERENCE_OVERRIDES)
     sp.set_defaults(func=run)
 
 
 def settings(args: argparse.Namespace):
     """The Settings the flags ask for (checked: a ConfigError names the flag)."""
+    from tformer.documents import Glossary
     from tformer.serve import Settings
 
     return Settings(max_sentences=args.max_sentences, max_chars=args.max_chars, max_tokens=args.max_tokens,
                     max_beam=args.max_beam, max_nbest=args.max_nbest, max_body=args.max_body,
                     max_queue=args.max_queue, timeout=args.timeout, max_wait_ms=args.max_wait_ms,
                     batch_tokens=args.batch_tokens, max_connections=args.max_connections,
-                    header_timeout=args.header_timeout, body_timeout=args.body_timeout, api_key=args.api_key)
+                    header_timeout=args.header_timeout, body_timeout=args.body_timeout, api_key=args.api_key,
+                    glossary=Glossary.read(args.glossary) if args.glossary else None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
 
     chosen = settings(args)
     translator = common.load_translator(args)
+    if chosen.glossary is not None and translator.config.decode.strategy != "beam":
+        from tformer.errors import ConfigError
+
+        raise ConfigError(f"--glossary: its terms are held by beam search, and this server decodes with "
+                          f"{translator.config.decode.strategy!r}; add decode.strategy=beam (decode.beam_size=N)")
     if args.print_config:
         common.print_config(translator.config)
         return 0

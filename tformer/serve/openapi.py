@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from tformer.api import Translator
-from tformer.serve.requests import Settings
+from tformer.decode.constraints import MAX_PHRASES
+from tformer.serve.requests import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, Settings
 
 VERSION = "1.0.0"
 
@@ -80,6 +81,16 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
                                                                 "maxLength": settings.max_chars},
                            "description": "one target prefix (or null) per sentence of src"},
                 "alignment": {"type": "boolean"},
+                "constraints": {"type": ["array", "null"], "items": {
+                    "type": ["array", "null"], "maxItems": MAX_PHRASES,
+                    "items": {"type": "string", "minLength": 1, "maxLength": settings.max_chars}},
+                    "description": "one list of target phrases (or null) per sentence of src: each output holds "
+                                   "every phrase (lexically constrained beam search: needs beam >= 2); the "
+                                   "server's --glossary adds its terms found in the sentence"},
+                "repetition_penalty": {"type": ["number", "null"], "minimum": MIN_REPETITION_PENALTY,
+                                       "maximum": MAX_REPETITION_PENALTY,
+                                       "description": "> 1 makes tokens already in the output less likely "
+                                                      "(CTranslate2's and Hugging Face's); 1: none"},
                 "timeout": _timeout(settings)}},
         "Hypothesis": hypothesis,
         "TranslateAnswer": {"type": "object", "required": ["translations"], "properties": {
@@ -99,11 +110,12 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
         "LibreRequest": {
             "type": "object", "required": ["q", "source", "target"], "additionalProperties": False, "properties": {
                 "q": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}],
-                      "description": "a text or a list of texts, translated line by line; at most "
-                                     f"{settings.max_sentences} lines in all"},
+                      "description": "a text or a list of texts, split into sentences (a line break ends one); "
+                                     f"at most {settings.max_sentences} sentences in all"},
                 "source": {"type": "string", "enum": [data.src_lang, "auto"]},
                 "target": {"type": "string", "enum": [data.tgt_lang]},
-                "format": {"type": ["string", "null"], "enum": ["text", None]},
+                "format": {"type": ["string", "null"], "enum": ["text", "html", None],
+                           "description": "html: the markup is kept, inline tags follow their words"},
                 "api_key": {"type": ["string", "null"]},
                 "alternatives": {"type": ["integer", "null"], "minimum": 0, "maximum": settings.max_nbest - 1}}},
         "LibreForm": {  # a form's values are text
@@ -112,7 +124,7 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
                       "description": "a text; repeated, a list of texts"},
                 "source": {"type": "string", "enum": [data.src_lang, "auto"]},
                 "target": {"type": "string", "enum": [data.tgt_lang]},
-                "format": {"type": "string", "enum": ["text"]},
+                "format": {"type": "string", "enum": ["text", "html"]},
                 "api_key": {"type": "string"},
                 "alternatives": {"type": "string", "enum": [""] + [str(i) for i in range(settings.max_nbest)]}}},
         "LibreAnswer": {"type": "object", "required": ["translatedText"], "properties": {

@@ -27,7 +27,7 @@ from tformer.documents.glossary import Glossary
 from tformer.errors import ConfigError, TformerError
 
 TRANSLATE_FIELDS = ("src", "beam", "nbest", "prefix", "alignment", "constraints", "repetition_penalty", "timeout")
-MAX_REPETITION_PENALTY = 10.0
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
 SCORE_FIELDS = ("src", "tgt", "timeout")
 
 
@@ -308,9 +308,10 @@ def penalty_field(body: dict[str, Any]) -> float | None:
     value = body.get("repetition_penalty")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_REPETITION_PENALTY:
-        raise RequestError(f"repetition_penalty: must be a number > 0 and at most {MAX_REPETITION_PENALTY:g} (1: "
-                           f"none, > 1 discourages repeats), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not MIN_REPETITION_PENALTY <= value <= MAX_REPETITION_PENALTY:
+        raise RequestError(f"repetition_penalty: must be a number > 0, from {MIN_REPETITION_PENALTY:g} to "
+                           f"{MAX_REPETITION_PENALTY:g} (1: none, > 1 discourages repeats), got {value!r}")
     return float(value)
 
 
