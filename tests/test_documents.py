@@ -126,7 +126,7 @@ def test_the_server_takes_constraints_and_a_repetition_penalty_as_the_library_do
         assert [t.text for t in plain] != [t.text for t in want]
         for bad, message in [
             ({"constraints": [["CAT"]]}, "constraints: must be a list with one list of target phrases (or null) per "
-                                         "sentence (3), got a list of 1"),
+                                         "sentence of src (3), got a list of 1"),
             ({"constraints": ["CAT", None, None]}, "constraints[0]: must be a list of target phrases or null"),
             ({"constraints": [[5], None, None]}, "constraints[0][0]: must be a string"),
             ({"constraints": [["ß€"], None, None]}, "constraints[0][0] ('ß€') holds 1 piece(s)"),

@@ -41,8 +41,10 @@ from torch import Tensor
 
 from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
 from tformer.data.corpus import iter_lines, normalize
-from tformer.data.vocab import Vocab
-from tformer.decode.constraints import MAX_PHRASES
+from tformer.inputs import check_batch_type as _check_batch_type
+from tformer.inputs import check_chunk as _check_chunk
+from tformer.inputs import check_list as _check_list
+from tformer.inputs import decode_fields, phrase_ids  # noqa: F401  (decode_fields: the command line's)
 from tformer.errors import ConfigError, DataError
 from tformer.files import writing
 from tformer.inference import BatchType, Source, batching, model_from, score_ids, translate_ids
@@ -216,39 +218,7 @@ class Translator:
                        ) -> list[list[list[int]]] | None:
         """`translate`'s constraints for `n` sources as ids, checked (strings the target vocabulary can spell,
         at most MAX_PHRASES a source, beam search in `cfg`): a DataError or ConfigError names the entry."""
-        if constraints is None:
-            return None
-        _check_list(constraints, "constraints")
-        if len(constraints) != n:
-            raise DataError(f"constraints has {len(constraints)} entries for {n} sources; give one list of phrases "
-                            "per source (None for none)")
-        out = []
-        for i, phrases in enumerate(constraints):
-            if phrases is None:
-                out.append([])
-                continue
-            if isinstance(phrases, str) or not isinstance(phrases, Sequence):
-                raise DataError(f"constraints[{i}] must be a list of target phrases (or None), got "
-                                f"{type(phrases).__name__}" + (f": wrap it, [{phrases!r}]" if isinstance(phrases, str)
-                                                                else ""))
-            if len(phrases) > MAX_PHRASES:
-                raise DataError(f"constraints[{i}] has {len(phrases)} phrases; at most {MAX_PHRASES} per sentence")
-            ids = []
-            for j, phrase in enumerate(phrases):
-                where = f"constraints[{i}][{j}]"
-                if not isinstance(phrase, str) or not phrase.strip():
-                    raise DataError(f"{where} must be a non-empty string, got {phrase!r}")
-                piece_ids = self._text(phrase, "target", where)
-                if Vocab.unk in piece_ids:
-                    unknown = [p for p, t in zip(self.pieces(piece_ids), piece_ids) if t == Vocab.unk]
-                    raise DataError(f"{where} ({phrase!r}) holds {len(unknown)} piece(s) the target vocabulary does not "
-                                    "have (<unk>): the model cannot write it; spell it with known words or drop it")
-                ids.append(piece_ids)
-            out.append(ids)
-        if any(out) and cfg.strategy != "beam":
-            raise ConfigError(f"constraints are enforced by beam search; decoding is set to {cfg.strategy!r}: give "
-                              "beam=N (N >= 2), or decode.strategy=beam")
-        return out
+        return phrase_ids(constraints, n, cfg.strategy, lambda text, where: self._text(text, "target", where))
 
     def _pair(self, source: Any, target: Any, where_source: str, where_target: str) -> tuple[Source, list[int]]:
         """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty)."""
@@ -546,41 +516,6 @@ class Translator:
         if scores:
             metrics.update(scores.as_dict())
         return Evaluation(split, metrics, sources, refs, outputs, decode, seconds, scores)
-
-
-def decode_fields(beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
-                  batch_tokens: int | None = None) -> dict[str, Any]:
-    """The DecodeConfig fields that `beam` (1: greedy search, N: beam search of N), `nbest`, `batch_size` and
-    `batch_tokens` stand for (those given). A batch_size alone asks for batches of sentences: batch_tokens 0."""
-    out: dict[str, Any] = {}
-    if beam is not None:
-        out.update(strategy="greedy" if beam == 1 else "beam", beam_size=beam)
-    if nbest is not None:
-        out["nbest"] = nbest
-    if batch_size is not None:
-        out["batch_size"] = batch_size
-    if batch_tokens is not None or batch_size is not None:
-        out["batch_tokens"] = batch_tokens or 0
-    return out
-
-
-def _check_list(value: Any, name: str) -> None:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        hint = f": wrap one sentence in a list, {name}=[...]" if isinstance(value, str) else ""
-        raise DataError(f"{name} must be a list, got {type(value).__name__}{hint}")
-    if not value:
-        raise DataError(f"{name} is an empty list: nothing to do")
-
-
-def _check_chunk(chunk_size: Any) -> None:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise DataError(f"chunk_size must be a whole number >= 1, got {chunk_size!r}")
-
-
-def _check_batch_type(batch_type: Any) -> None:
-    if batch_type not in ("examples", "tokens"):
-        raise ConfigError(f"batch_type must be 'examples' (sentences per batch) or 'tokens' (padded source tokens "
-                          f"per batch), got {batch_type!r}")
 
 
 def _device(device: str | torch.device | None) -> torch.device:

@@ -177,7 +177,9 @@ class Constraints:
         cols = own.clamp(min=0)  # padding reads and writes <pad>'s column, which is -inf already
         kept = logp.gather(1, cols)  # (N, a) the phrases' tokens, judged one by one below
         other = self.dist[self.roots[self.sentence], self.met]  # (N,) any other token: back to the root
-        logp.masked_fill_((other > remaining)[:, None], float("-inf"))
+        short = (other > remaining).nonzero()[:, 0]  # rows that must go on with their phrases' tokens only
+        if short.numel():
+            logp.index_fill_(0, short, float("-inf"))
         node, met = self._after(cols, own)  # (N, a)
         fits = (self.dist[node, met] <= remaining[:, None]) & (own >= 0)  # (N, a)
         logp.scatter_(1, cols, kept.masked_fill(~fits, float("-inf")))

@@ -315,15 +315,19 @@ def penalty_field(body: dict[str, Any]) -> float | None:
     return float(value)
 
 
+def per_source(value: Any, name: str, n: int, entry: str) -> None:
+    """A field that holds one `entry` per sentence of src (n), as a list."""
+    if not isinstance(value, list) or len(value) != n:
+        raise RequestError(f"{name}: must be a list with {entry} per sentence of src ({n}), got {_kind(value)}"
+                           + (f" of {len(value)}" if isinstance(value, list) else ""))
+
+
 def constraints_field(value: Any, sources: list[str], translator: Translator, settings: Settings,
                       cfg: DecodeConfig, where: str = "constraints") -> list[list[str]] | None:
     """The request's constraints (one list of target phrases, or null, per source) with the server's glossary
     terms found in each source added; None when no sentence has any. A 400 names the entry."""
     if value is not None:
-        if not isinstance(value, list) or len(value) != len(sources):
-            raise RequestError(f"{where}: must be a list with one list of target phrases (or null) per sentence "
-                               f"({len(sources)}), got {_kind(value)}"
-                               + (f" of {len(value)}" if isinstance(value, list) else ""))
+        per_source(value, where, len(sources), "one list of target phrases (or null)")
         for i, phrases in enumerate(value):
             if phrases is not None and not isinstance(phrases, list):
                 raise RequestError(f"{where}[{i}]: must be a list of target phrases or null, got {_kind(phrases)}")
@@ -354,10 +358,7 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
     alignment = flag_field(body, "alignment")
     prefixes = body.get("prefix")
     if prefixes is not None:
-        if not isinstance(prefixes, list) or len(prefixes) != len(sources):
-            raise RequestError(f"prefix: must be a list with one string (or null) per sentence of src "
-                               f"({len(sources)}), got {_kind(prefixes)}"
-                               + (f" of {len(prefixes)}" if isinstance(prefixes, list) else ""))
+        per_source(prefixes, "prefix", len(sources), "one string (or null)")
         for i, p in enumerate(prefixes):
             if p is not None:
                 check_text(p, f"prefix[{i}]", settings)
