@@ -225,3 +225,10 @@ def test_bad_translations_are_data_errors_naming_the_segment():
         doc.render([(None, []), ("drei", [])])
     with pytest.raises(DataError, match="translation 0: the alignment must be"):
         doc.render([("eins zwei", [(0, "x")]), ("drei", [])])
+
+
+def test_xml_like_inline_tags_and_custom_elements_stay_inside_their_segment():
+    """Tags HTML does not know are inline, as a browser lays them out: a CAT tool's <g id>/<x1>/<bx/> or a
+    custom element does not cut the sentence into pieces translated apart."""
+    doc = parse_html('<p>Press <x1 id="k1">Save</x1> now, <g id="2">or <my-tip>wait</my-tip></g>.</p><div>Next</div>')
+    assert doc.segments == ["Press Save now, or wait.", "Next"]

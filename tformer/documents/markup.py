@@ -6,7 +6,8 @@
 
 A translation unit is the inline content of one block (a <p>, <li>, <h1>, <td>, <title>, or text lying
 directly in the fragment) between two block children, so text is translated in context, never per text node.
-Inline elements (b, i, a, span, sup, br, img, ...) do not split a unit; an inline element that holds a block
+Inline elements (b, i, a, span, sup, br, img, ..., and any tag HTML does not know: XML-like inline tags such as
+<g id="1"> and custom elements) do not split a unit; an inline element that holds a block
 (<a><div>..</div></a>) is treated as a block itself. A unit's segment is its words joined by single spaces.
 
 Notation: n source words = segment.split(), m target words = target.split(); an alignment is any set of
@@ -53,9 +54,12 @@ import lxml.html
 
 from tformer.errors import DataError
 
-INLINE = frozenset("""a abbr acronym audio b bdi bdo big br button canvas cite code data del dfn em embed font
-    i iframe img input ins kbd label mark math meter object output picture progress q rp rt ruby s samp script
-    select small source span strike strong style sub sup svg textarea time tt u var video wbr""".split())
+# HTML's block-level elements (and those of <head>, tables and lists): every other tag, XML-like inline tags
+# (<g id="1">, <x1/>) and custom elements included, is inline, as a browser lays out an unknown element.
+BLOCK = frozenset("""address article aside blockquote body caption center col colgroup dd details dialog dir div
+    dl dt fieldset figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head header hgroup hr html legend li
+    link main menu meta nav noscript ol optgroup option p pre section summary table tbody td template tfoot th
+    thead title tr ul""".split())
 PASS_THROUGH = frozenset("code pre script style kbd samp var textarea svg math".split())
 _DOCUMENT = re.compile(r"<!doctype|<html[\s>]|<head[\s>]|<body[\s>]|</html\s*>|</body\s*>", re.IGNORECASE)
 _NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -100,7 +104,7 @@ def _is_opaque(el) -> bool:
 def _is_inline(el) -> bool:
     if not isinstance(el.tag, str):  # comment, processing instruction
         return True
-    return el.tag in INLINE and (_is_opaque(el) or all(_is_inline(c) for c in el))
+    return el.tag not in BLOCK and (_is_opaque(el) or all(_is_inline(c) for c in el))
 
 
 def _read_inline(el, run: _Run) -> _Item:
@@ -435,4 +439,4 @@ def parse_html(html: str) -> MarkupDocument:
     return MarkupDocument(segments, _serialise(root, document, doctype), html)
 
 
-__all__ = ["INLINE", "PASS_THROUGH", "MarkupDocument", "parse_html"]
+__all__ = ["BLOCK", "PASS_THROUGH", "MarkupDocument", "parse_html"]
