@@ -1,5 +1,5 @@
 """tformer data: download Multi30k or WMT14 en-de (checksums verified), write a synthetic task as parallel
-text files, or synthesise a spoken corpus with espeak-ng."""
+text files, synthesise a spoken corpus with espeak-ng, or clean a parallel corpus."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ def add_parser(sub) -> None:
                         "what is complete. copy/sort/reverse: write {train,valid,test}.{src,tgt} of a synthetic task. "
                         "spoken: read sentences of --text aloud with espeak-ng (several voices, speeds, pitches, "
                         "noise at chosen SNRs), split by sentence, as a speech corpus (16 kHz flac + "
-                        "'id<TAB>transcript' lists) for the speech_tupe and speech_baseline recipes.")
-    sp.add_argument("task", choices=("multi30k", "wmt14", *SYNTHETIC_TASKS, "spoken"))
+                        "'id<TAB>transcript' lists) for the speech_tupe and speech_baseline recipes. clean: "
+                        "copy a parallel corpus (--src, --tgt) into --out without empty, over-long, unbalanced, "
+                        "untranslated, duplicate or (--langid) wrong-language pairs, and say how many of each.")
+    sp.add_argument("task", choices=("multi30k", "wmt14", *SYNTHETIC_TASKS, "spoken", "clean"))
     sp.add_argument("--out", required=True, help="output folder")
     sp.add_argument("--url", help="multi30k, wmt14: base URL to fetch from, holding the files under their "
                     "upstream names (default: the official locations)")
@@ -43,6 +45,17 @@ def add_parser(sub) -> None:
                         f"{' '.join(d.voices)})")
     spoken.add_argument("--variants", nargs="+", default=list(d.variants), help="espeak-ng voice variants (default: "
                         f"{' '.join(d.variants)})")
+    clean = sp.add_argument_group("clean (see tformer.data.clean; the outputs keep the inputs' names, .gz dropped)")
+    clean.add_argument("--src", help="the source side: one sentence per line, plain or gzip")
+    clean.add_argument("--tgt", help="the target side, line by line the translation of --src")
+    clean.add_argument("--max-words", type=int, default=250, help="drop a pair with a side longer than this "
+                       "(whitespace words; default 250)")
+    clean.add_argument("--max-ratio", type=float, default=3.0, help="drop a pair whose longer side has more than "
+                       "this times the words of the shorter (default 3)")
+    clean.add_argument("--keep-duplicates", action="store_true", help="keep repeated pairs (default: the first only)")
+    clean.add_argument("--keep-copies", action="store_true", help="keep pairs whose sides are the same text")
+    clean.add_argument("--langid", nargs=2, metavar=("SRC_LANG", "TGT_LANG"), help="drop a pair with a side that "
+                       "py3langid finds likelier to be the pair's other language (ISO 639-1 codes, e.g. en de)")
     sp.add_argument("overrides", nargs="*", metavar="data.key=value", help="e.g. data.symbols=10 data.seed=7")
     sp.set_defaults(func=run)
 
@@ -65,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.task == "spoken":
         return _spoken(args)
+    if args.task == "clean":
+        return _clean(args)
     from tformer.config import Config, load_config
     from tformer.data import SPLITS, load_pairs
     from tformer.data.text import write_parallel
@@ -94,4 +109,28 @@ def _spoken(args: argparse.Namespace) -> int:
         print(f"{args.out}/{split}.tsv: {n} utterances, {corpus.seconds[split] / 3600:.2f} hours")
     print(f"synthesised by {corpus.espeak}")
     print(f"now: tformer train --config speech_tupe data.dir={args.out}")
+    return 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    import json
+
+    from tformer.data.clean import CleanRules, clean_files
+    from tformer.errors import ConfigError
+
+    if not args.src or not args.tgt:
+        raise ConfigError("tformer data clean needs --src FILE and --tgt FILE, the two sides of the corpus")
+    rules = CleanRules(max_words=args.max_words, max_ratio=args.max_ratio, dedup=not args.keep_duplicates,
+                       copies=not args.keep_copies, languages=tuple(args.langid) if args.langid else None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [Path(p).name.removesuffix(".gz") for p in (args.src, args.tgt)]
+    if names[0] == names[1]:
+        raise ConfigError(f"--src and --tgt are both named {names[0]}; the outputs keep the inputs' names")
+    report = clean_files(args.src, args.tgt, out / names[0], out / names[1], rules, progress=True)
+    (out / "clean.json").write_text(json.dumps({"src": args.src, "tgt": args.tgt, "rules": vars(rules) | {
+        "languages": rules.languages}, **report.as_dict()}, indent=1) + "\n", encoding="utf-8")
+    dropped = ", ".join(f"{n} {reason}" for reason, n in report.dropped.items() if n) or "none"
+    print(f"{out / names[0]}, {out / names[1]}: kept {report.kept:,} of {report.read:,} pairs; dropped: {dropped} "
+          f"({report.seconds:.1f} s; counts in {out / 'clean.json'})")
     return 0
