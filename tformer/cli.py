@@ -32,12 +32,12 @@ import logging
 import os
 import sys
 
-from tformer.commands import (animate, attention, average, convert, data, demo, evaluate, explore, export, graph,
-                              plot, ponder, prepare, score, serve, train, transcribe, translate)
+from tformer.commands import (animate, attention, average, convert, data, demo, distill, evaluate, explore, export,
+                              graph, plot, ponder, prepare, score, serve, train, transcribe, translate)
 from tformer.errors import TformerError
 
-COMMANDS = (train, prepare, evaluate, translate, score, transcribe, data, average, ponder, attention, plot, animate,
-            explore, serve, export, convert, graph, demo)
+COMMANDS = (train, prepare, evaluate, translate, score, transcribe, data, distill, average, ponder, attention, plot,
+            animate, explore, serve, export, convert, graph, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

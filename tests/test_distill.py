@@ -1,0 +1,112 @@
+"""Distillation's corpus (tformer.distill, `tformer distill`) against oracles: the written targets are the
+teacher's translations of the same lines (Translator.translate), its n-best selection keeps the hypothesis
+with the highest sentence chrF computed here with sacreBLEU, a run stopped midway and run again gives the
+files a straight run gives, and a folder holding another distillation, misaligned references or an n-best
+without references are refused by name."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sacrebleu.metrics import CHRF
+
+import tformer
+from tformer.distill import distill_corpus, pick
+from tformer.errors import ConfigError, DataError
+
+from test_serve import CHECKPOINT, LINES
+
+SOURCES = LINES[:7] + [""] + LINES[7:12]  # an empty line stays an empty line
+REFS = [line.upper() for line in SOURCES]  # the checkpoint's "German" is its input in capitals
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return tformer.load(CHECKPOINT, device="cpu")
+
+
+def write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def read(path):
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_the_targets_are_the_teachers_translations_line_by_line(teacher, tmp_path):
+    src = write(tmp_path / "c.en", SOURCES)
+    report = distill_corpus(teacher, src, tmp_path / "out", beam=3, chunk_size=4)
+    assert read(tmp_path / "out" / "train.en") == SOURCES
+    assert read(tmp_path / "out" / "train.de") == [t.text for t in teacher.translate(SOURCES, beam=3)]
+    assert (report.lines, report.chunks, report.resumed_chunks) == (len(SOURCES), 4, 0)
+
+
+def test_nbest_selection_keeps_the_hypothesis_closest_to_the_reference_by_sentence_chrf(teacher, tmp_path):
+    src, ref = write(tmp_path / "c.en", SOURCES), write(tmp_path / "c.de", REFS)
+    distill_corpus(teacher, src, tmp_path / "out", references=ref, beam=4, nbest=4, chunk_size=5)
+    chrf, want = CHRF(), []
+    for t, r in zip(teacher.translate(SOURCES, beam=4, nbest=4), REFS):
+        scores = [chrf.sentence_score(h.text, [r]).score for h in t.hypotheses]
+        want.append(t.hypotheses[scores.index(max(scores))].text)  # the first of the best
+    got = read(tmp_path / "out" / "train.de")
+    assert got == want
+    assert got != [t.text for t in teacher.translate(SOURCES, beam=4)]  # the selection changed something
+    assert pick(["a b", "a b c"], "a b c") == 1 and pick(["x", "x"], "x") == 0 and pick(["y", "z"], None) == 0
+
+
+def test_a_run_stopped_midway_goes_on_where_it_stopped_and_ends_as_a_straight_run(teacher, tmp_path, monkeypatch):
+    src, ref = write(tmp_path / "c.en", SOURCES), write(tmp_path / "c.de", REFS)
+    options = dict(references=ref, beam=3, nbest=2, chunk_size=3)
+    distill_corpus(teacher, src, tmp_path / "straight", **options)
+    real, calls = teacher.translate, []
+
+    def dies_on_the_third_chunk(sources, **kw):
+        calls.append(len(sources))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of a chunk
+        return real(sources, **kw)
+
+    monkeypatch.setattr(teacher, "translate", dies_on_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        distill_corpus(teacher, src, tmp_path / "stopped", **options)
+    assert sorted(p.name for p in (tmp_path / "stopped" / "parts").iterdir()) == ["000000.tgt", "000001.tgt"]
+    assert not (tmp_path / "stopped" / "train.de").exists()
+    monkeypatch.setattr(teacher, "translate", real)
+    report = distill_corpus(teacher, src, tmp_path / "stopped", **options)
+    assert report.resumed_chunks == 2 and report.chunks == 5
+    for name in ("train.en", "train.de"):
+        assert read(tmp_path / "stopped" / name) == read(tmp_path / "straight" / name)
+
+
+def test_another_distillation_misaligned_references_and_nbest_without_them_are_refused(teacher, tmp_path):
+    src = write(tmp_path / "c.en", SOURCES)
+    distill_corpus(teacher, src, tmp_path / "out", beam=3, chunk_size=4)
+    with pytest.raises(ConfigError, match=r"holds a distillation of other inputs or settings \(decode differ\)"):
+        distill_corpus(teacher, src, tmp_path / "out", beam=4, chunk_size=4)
+    with pytest.raises(ConfigError, match="nbest=2 keeps the hypothesis closest to the reference"):
+        distill_corpus(teacher, src, tmp_path / "other", beam=3, nbest=2)
+    short = write(tmp_path / "short.de", REFS[:5])
+    with pytest.raises(DataError, match="short.de ends at line 5 but .*c.en goes on"):
+        distill_corpus(teacher, src, tmp_path / "o2", references=short, beam=3, nbest=2, chunk_size=4)
+    long = write(tmp_path / "long.de", REFS + ["MORE"])
+    with pytest.raises(DataError, match="long.de has more lines than"):
+        distill_corpus(teacher, src, tmp_path / "o3", references=long, beam=3, nbest=2)
+    with pytest.raises(DataError, match="is empty"):
+        distill_corpus(teacher, write(tmp_path / "empty.en", []), tmp_path / "o4", beam=3)
+
+
+def test_the_command_distils_and_resumes(teacher, tmp_path):
+    src, ref = write(tmp_path / "c.en", SOURCES), write(tmp_path / "c.de", REFS)
+    args = [sys.executable, "-m", "tformer", "distill", "--checkpoint", str(CHECKPOINT), "--src", str(src),
+            "--ref", str(ref), "--out", str(tmp_path / "out"), "--beam", "3", "--nbest", "2", "--chunk-size", "5",
+            "--no-progress"]
+    first = subprocess.run(args, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert f"{len(SOURCES)} lines in" in first.stdout
+    (tmp_path / "out" / "parts" / "000002.tgt").unlink()  # as if stopped before the last chunk
+    again = subprocess.run(args, capture_output=True, text=True)
+    assert again.returncode == 0 and "(2 of 3 chunks from an earlier run)" in again.stdout
+    want = distill_corpus(teacher, src, tmp_path / "api", references=ref, beam=3, nbest=2, chunk_size=5)
+    assert read(tmp_path / "out" / "train.de") == read(Path(want.targets))
