@@ -441,3 +441,12 @@ def test_an_imported_model_and_its_ensemble_hold_constraints_with_prefixes_and_n
                     forced = score_ids(t.model, [t.encode(SOURCES[i])], [ids])[0]  # per token, </s> last
                     cut = len(ids) >= 12  # at the limit: no </s> scored
                     assert h.score == pytest.approx(sum(forced[: len(ids) + (0 if cut else 1)]), abs=1e-4)
+
+
+def test_an_argos_package_needs_one_sentencepiece_model_for_both_sides(folders, tmp_path):
+    from tformer.errors import ConfigError
+    from tformer.export import export_argos
+
+    with pytest.raises(ConfigError, match="two SentencePiece models .* data.joint_vocab=true"):
+        export_argos(folders["relu-separate-tables"], tmp_path / "x.argosmodel")
+    assert not (tmp_path / "x.argosmodel").exists()

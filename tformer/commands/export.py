@@ -1,4 +1,5 @@
-"""tformer export: a checkpoint as a CTranslate2 model folder or as ONNX graphs."""
+"""tformer export: a checkpoint as a CTranslate2 model folder, an Argos Translate package, a Hugging Face Marian
+folder or ONNX graphs."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ def add_parser(sub) -> None:
                         "(pip install transformers; post-norm models); an imported OPUS-MT model gets its own ids "
                         "and tensors back. onnx: encoder.onnx (the encoder and the first decoding step) and "
                         "step.onnx (one decoding step with its key/value cache), dynamic batch and lengths "
-                        "(pip install onnx onnxscript). Vanilla models with sinusoidal or learned positions, "
+                        "(pip install onnx onnxscript). argos: an Argos Translate package, OUT.argosmodel (the "
+                        "CTranslate2 model, int8 unless --quantization says otherwise, the SentencePiece model, "
+                        "metadata; models with one SentencePiece model for both sides) that argostranslate "
+                        "installs and LibreTranslate serves. Vanilla models with sinusoidal or learned positions, "
                         "pre- or post-norm, ReLU, GELU or SiLU. Example: tformer export --format ctranslate2 "
                         "runs/m30k runs/m30k-ct2 --quantization int8")
-    sp.add_argument("--format", required=True, choices=("ctranslate2", "hf-marian", "onnx"), help="target format")
+    sp.add_argument("--format", required=True, choices=("ctranslate2", "argos", "hf-marian", "onnx"),
+                    help="target format")
     sp.add_argument("checkpoint", metavar="RUN_DIR", help="run folder (its best checkpoint) or checkpoint folder")
     sp.add_argument("out", metavar="OUT", help="folder to write")
     sp.add_argument("--quantization", choices=("int8", "int8_float32", "int16", "float16", "bfloat16"),
@@ -28,10 +33,16 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.errors import ConfigError
-    from tformer.export import export_ctranslate2, export_hf_marian, export_onnx
+    from tformer.export import export_argos, export_ctranslate2, export_hf_marian, export_onnx
 
-    if args.quantization and args.format != "ctranslate2":
-        raise ConfigError("--quantization is for --format ctranslate2")
+    if args.quantization and args.format not in ("ctranslate2", "argos"):
+        raise ConfigError("--quantization is for --format ctranslate2 and argos")
+    if args.format == "argos":
+        out = export_argos(args.checkpoint, args.out, quantization=args.quantization or "int8", force=args.force)
+        print(f"wrote the Argos Translate package {out} (from {args.checkpoint}); install it with "
+              f"python -c \"import argostranslate.package as p; p.install_from_path('{out}')\"; LibreTranslate then "
+              "serves it (ARGOS_CHUNK_TYPE=SPACY splits sentences offline with the packaged spaCy pipeline)")
+        return 0
     if args.format == "hf-marian":
         out = export_hf_marian(args.checkpoint, args.out, force=args.force)
         print(f"wrote the Hugging Face Marian folder {out} (from {args.checkpoint}); load it with "
