@@ -37,10 +37,11 @@ class CT2Worker:
             raise RuntimeError(f"the CTranslate2 worker exited (code {self.process.wait()})")
         return json.loads(line)
 
-    def translate(self, pieces: list[list[str]], beam: int, max_len: int, batch_size: int
+    def translate(self, pieces: list[list[str]], beam: int, max_len: int, batch_size: int, use_vmap: bool = False
                   ) -> tuple[list[list[str]], float]:
-        """The best hypothesis of each source (pieces) and the seconds `translate_batch` took in the worker."""
-        request = dict(pieces=pieces, beam=beam, max_len=max_len, batch_size=batch_size)
+        """The best hypothesis of each source (pieces) and the seconds `translate_batch` took in the worker.
+        use_vmap: restrict the output to the model's vocabulary map (a model exported with one)."""
+        request = dict(pieces=pieces, beam=beam, max_len=max_len, batch_size=batch_size, use_vmap=use_vmap)
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         answer = self._read()
@@ -61,7 +62,7 @@ def serve(spec: dict) -> None:
         tic = time.perf_counter()
         res = model.translate_batch(r["pieces"], max_batch_size=r["batch_size"], beam_size=r["beam"],
                                                   length_penalty=0.0, max_decoding_length=r["max_len"],
-                                                  min_decoding_length=0)
+                                                  min_decoding_length=0, use_vmap=r.get("use_vmap", False))
         seconds = time.perf_counter() - tic
         print(json.dumps({"hypotheses": [x.hypotheses[0] for x in res], "seconds": seconds}), flush=True)
 

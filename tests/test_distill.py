@@ -110,3 +110,54 @@ def test_the_command_distils_and_resumes(teacher, tmp_path):
     assert again.returncode == 0 and "(2 of 3 chunks from an earlier run)" in again.stdout
     want = distill_corpus(teacher, src, tmp_path / "api", references=ref, beam=3, nbest=2, chunk_size=5)
     assert read(tmp_path / "out" / "train.de") == read(Path(want.targets))
+
+
+STUDENT = """model: {d_model: 16, n_heads: 2, d_ff: 32, encoder_layers: 2, decoder_layers: 1, dropout: 0.0}
+data: {task: translation, format: files, subword: bpe, vocab_size: 60, joint_vocab: true}
+train: {max_steps: 30, epochs: 100, eval_every: 0, warmup: 10, lr: 3.0, max_tokens: 1000, patience: 0}
+decode: {beam_size: 2}
+"""
+
+
+def test_the_student_trains_on_the_distilled_corpus_and_is_compared_with_its_teacher(teacher, tmp_path, capsys):
+    import json
+    import random
+
+    from tformer.cli import main
+    from tformer.distill import student_overrides
+    from tformer.metrics import translation_scores
+    from tformer.shortlist import Shortlist
+
+    pytest.importorskip("eflomal", reason="pip install eflomal (part of the test extra)")
+    words = "a big cat child dog eats house man red runs sees small the woman".split()
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(260)]
+    src = write(tmp_path / "c.en", lines[:200])
+    for split, part in (("v", lines[200:230]), ("t", lines[230:])):
+        write(tmp_path / f"{split}.en", part), write(tmp_path / f"{split}.de", [s.upper() for s in part])
+    recipe = tmp_path / "student.yaml"
+    recipe.write_text(STUDENT, encoding="utf-8")
+    out, run = tmp_path / "distilled", tmp_path / "student"
+    assert main(["distill", "--checkpoint", str(CHECKPOINT), "--src", str(src), "--out", str(out), "--beam", "2",
+                 "--no-progress", "--student", str(recipe), "--student-dir", str(run),
+                 "--student-set", f"data.valid_prefix={tmp_path / 'v'}",
+                 "--student-set", f"data.test_prefix={tmp_path / 't'}"]) == 0
+    printed = capsys.readouterr().out
+    student = tformer.load(run, device="cpu")
+    data = student.config.data
+    assert (Path(data.dir), data.train_prefix, data.src_lang, data.tgt_lang) == (out.resolve(), "train", "en", "de")
+    assert student.config.model.encoder_layers == 2 and student.config.model.decoder_layers == 1
+    report = json.loads((run / "distill_report.json").read_text(encoding="utf-8"))
+    assert [r["name"] for r in report["rows"]] == ["teacher", "student", "student, int8 + shortlist"]
+    Shortlist.load(report["shortlist"]).check(student)
+    tests = read(tmp_path / "t.en")
+    refs = [s.upper() for s in tests]
+    for name, translator in (("teacher", teacher), ("student", student)):
+        want = translation_scores([t.text for t in translator.translate(tests, beam=2)], refs, "de")
+        row = next(r for r in report["rows"] if r["name"] == name)
+        assert row["bleu"] == pytest.approx(want.bleu, abs=0.01) and row["chrf"] == pytest.approx(want.chrf, abs=0.01)
+    assert f"| teacher | {report['rows'][0]['bleu']:.2f} |" in printed and "| 1.00x |" in printed
+    assert student_overrides(teacher, out)[0] == f"data.dir={out.resolve()}"
+    assert main(["distill", "--checkpoint", str(CHECKPOINT), "--src", str(src), "--out", str(out), "--student",
+                 "x"]) == 2
+    assert "--student needs --student-dir" in capsys.readouterr().err

@@ -50,6 +50,7 @@ from tformer.files import writing
 from tformer.inference import BatchType, Source, batching, model_from, score_ids, translate_ids
 from tformer.inspection import attention_maps, check_alignment, hard_alignments, token_labels
 from tformer.model.ensemble import Ensemble
+from tformer.shortlist import Shortlist
 from tformer.results import (SCORE_FORMATS, Alignment, Evaluation, Hypothesis, Score, Translation, format_score,
                              format_translation, parse_pair)
 from tformer.convert import open_checkpoint
@@ -139,6 +140,12 @@ class Translator:
                                   f"chosen when loading (tformer.load(..., {key}={settings[key]!r})), not per call")
         fields = decode_fields(beam, nbest, batch_size, settings.pop("batch_tokens", None))
         return updated(self.config.decode, "decode", {**settings, **fields})
+
+    def shortlist(self, cfg: DecodeConfig | None = None) -> Shortlist | None:
+        """The lexical shortlist `cfg` (default: the loaded settings) names in decode.shortlist, loaded once and
+        checked against this model's vocabularies; None when it names none."""
+        path = (cfg or self.config.decode).shortlist
+        return Shortlist.open(path).check(self) if path else None
 
     @property
     def ensemble(self) -> bool:
@@ -355,6 +362,7 @@ class Translator:
     def _translate(self, checked: list[Source | None], cfg: DecodeConfig, prefixes: list[list[int]] | None,
                    batch_type: BatchType, extras: _Extras, cancelled: Callable[[int], bool] | None = None,
                    constraints: list[list[list[int]]] | None = None) -> list[Translation]:
+        self.shortlist(cfg)  # checked against the vocabularies (translate_ids opens it)
         live = [i for i, s in enumerate(checked) if s is not None]
         gone = None if cancelled is None else (lambda j: cancelled(live[j]))
         nbest = translate_ids(self.model, [checked[i] for i in live], cfg,
@@ -502,6 +510,7 @@ class Translator:
 
         cfg = self.config
         decode = self.decode_settings(**options)
+        self.shortlist(decode)  # checked against the vocabularies
         data = self.load_split(split)
         sources, refs = data.texts[split]
         speech = cfg.data.task in SPEECH_TASKS
@@ -575,7 +584,9 @@ def load(path: str | Path | Sequence[str | Path], which: str = "best", *, device
         if c.cfg.model.source != first.cfg.model.source:
             raise ConfigError(f"{c.path} and {first.path} read different inputs (model.source)")
     models = [model_from(c, target) for c in ckpts]
-    return Translator(first, models[0] if len(models) == 1 else Ensemble(models), max_source_tokens)
+    translator = Translator(first, models[0] if len(models) == 1 else Ensemble(models), max_source_tokens)
+    translator.shortlist()  # a missing or mismatched shortlist is refused now, not at the first translation
+    return translator
 
 
 def build_model(config: Config | ModelConfig, src_vocab_size: int, tgt_vocab_size: int | None = None):

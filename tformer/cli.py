@@ -9,6 +9,8 @@
                       of 'source<TAB>target' lines, in total and per token
     tformer transcribe --checkpoint RUN_DIR FILE.npy ... | --tsv FILE
     tformer data      {multi30k,wmt14} --out DIR | {copy,sort} --out DIR [--config FILE] [data.key=value ...]
+    tformer distill   --checkpoint TEACHER --src train.en [--ref train.de] --out DIR [--student RECIPE]
+    tformer shortlist --checkpoint RUN_DIR --src train.en --tgt train.de --out FILE   a lexical shortlist
     tformer average   --run-dir RUN_DIR --last 5 --out DIR
     tformer ponder    --checkpoint RUN_DIR --out DIR [--sentence "..."]   ACT steps of a universal transformer
     tformer attention --checkpoint RUN_DIR --sentence "..." [--kind cross] [--layer 2] [--head 0] [--out DIR]
@@ -16,7 +18,7 @@
     tformer animate   RUN_DIR [--every-head]          GIFs of the attention recorded over training
     tformer explore   --checkpoint RUN_DIR [--port 8000]   the explorer page on 127.0.0.1
     tformer serve     --checkpoint RUN_DIR [--port 8000] [--api-key K]   batching HTTP service (+ LibreTranslate API)
-    tformer export    --format ctranslate2|onnx RUN_DIR OUT
+    tformer export    --format ctranslate2|argos|hf-marian|onnx RUN_DIR OUT [--shortlist FILE]
     tformer graph     --out FILE [--pattern --window 2 ...]   attention structures as pictures
     tformer demo      train the copy task, then show its test accuracy and a few decoded examples
 
@@ -33,11 +35,11 @@ import os
 import sys
 
 from tformer.commands import (animate, attention, average, convert, data, demo, distill, evaluate, explore, export,
-                              graph, plot, ponder, prepare, score, serve, train, transcribe, translate)
+                              graph, plot, ponder, prepare, score, serve, shortlist, train, transcribe, translate)
 from tformer.errors import TformerError
 
-COMMANDS = (train, prepare, evaluate, translate, score, transcribe, data, distill, average, ponder, attention, plot,
-            animate, explore, serve, export, convert, graph, demo)
+COMMANDS = (train, prepare, evaluate, translate, score, transcribe, data, distill, shortlist, average, ponder, attention,
+            plot, animate, explore, serve, export, convert, graph, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -370,6 +370,8 @@ class DecodeConfig:
     top_k: int = 0  # sampling only: keep the k most probable tokens (0 = all)
     top_p: float = 1.0  # sampling only: keep the smallest set with this much probability
     seed: int = 0  # sampling only
+    shortlist: str = ""  # a lexical shortlist file (tformer shortlist; tformer.shortlist): each sentence may output
+    # only its list's target tokens, and the output projection is computed for the batch's lists only; "" = off
 
     def __post_init__(self) -> None:
         _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")

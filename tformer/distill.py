@@ -143,3 +143,69 @@ def _translate(teacher, chunk: list[str], refs: list[str] | None, name: Path, fi
         texts = [h.text for h in t.hypotheses]
         kept.append(" ".join(texts[pick(texts, refs[i] if refs else None)].split()))
     return kept
+
+
+# ---------------------------------------------------------------------------------------------- the student
+
+
+def student_overrides(teacher, folder: str | Path) -> list[str]:
+    """Dotted overrides that point a student recipe at a distilled `folder` (its train.SRC, train.TGT) with the
+    teacher's languages, validation and test files (absolute paths, so the student's data.dir can change)."""
+    data = teacher.config.data
+    out = [f"data.dir={Path(folder).resolve()}", f"data.src_lang={data.src_lang}", f"data.tgt_lang={data.tgt_lang}",
+           "data.train_prefix=train"]
+    if data.dir:
+        base = Path(data.dir).resolve()
+        out += [f"data.valid_prefix={base / data.valid_prefix}", f"data.test_prefix={base / data.test_prefix}"]
+    return out
+
+
+@dataclass
+class ModelRow:
+    name: str
+    bleu: float
+    chrf: float
+    seconds: float  # translating the split, once
+    sentences_per_second: float
+    parameters: int
+    megabytes: float  # the weights as held for decoding (their state dict saved: int8 layers at one byte a weight)
+
+
+def weights_megabytes(model) -> float:
+    """The size of `model`'s state dict as torch.save writes it (int8 layers hold their packed int8 weights)."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return round(buffer.tell() / 2**20, 2)
+
+
+def compare(models: dict[str, Any], sources: list[str], references: list[str], language: str, *,
+            batch_size: int = 32, **options: Any) -> list[ModelRow]:
+    """Each Translator of `models` (name -> Translator) translates `sources` in batches of `batch_size`, timed,
+    and is scored by sacreBLEU and chrF against `references` (target `language`; tformer.metrics). `options`: decoding settings
+    for every model (beam, ...); each model's own decode.* (its int8 weights, its shortlist) stay its own."""
+    from tformer.metrics import translation_scores
+
+    rows = []
+    for name, translator in models.items():
+        tic = time.perf_counter()
+        outputs = [t.hypotheses[0].text for t in translator.translate(sources, batch_size=batch_size, **options)]
+        seconds = time.perf_counter() - tic
+        scores = translation_scores(outputs, references, language)
+        models_ = translator.model.models if translator.ensemble else [translator.model]
+        rows.append(ModelRow(name, round(scores.bleu, 2), round(scores.chrf, 2), round(seconds, 2),
+                             round(len(sources) / seconds, 1), sum(p.numel() for m in models_ for p in m.parameters()),
+                             round(sum(weights_megabytes(m) for m in models_), 2)))
+    return rows
+
+
+def format_rows(rows: list[ModelRow]) -> str:
+    """A table of `compare`'s rows, with each model's speed as a multiple of the first's."""
+    lines = ["| model | BLEU | chrF | seconds | sentences/s | speed | parameters | MB |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.bleu:.2f} | {r.chrf:.2f} | {r.seconds:.2f} | {r.sentences_per_second:.1f} | "
+                     f"{rows[0].seconds / r.seconds:.2f}x | {r.parameters:,} | {r.megabytes:.2f} |")
+    return "\n".join(lines)

@@ -135,25 +135,39 @@ def _fill(spec, state: dict[str, np.ndarray], side: str, cfg: ModelConfig, model
 
 
 def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: str | None = None,
-                       force: bool = False, which: str = "best") -> Path:
-    """Write the CTranslate2 model folder `out`; returns it."""
+                       force: bool = False, which: str = "best", shortlist: str | Path | None = None) -> Path:
+    """Write the CTranslate2 model folder `out`; returns it. `shortlist` (a tformer.shortlist file for this
+    checkpoint's vocabularies): written as the folder's vocabulary map, vmap.txt, which CTranslate2 applies with
+    translate_batch(..., use_vmap=True) (to the batch's union of lists, where tformer applies each sentence's)."""
+    import tempfile
+
     converter = _converter_class()(checkpoint, which)
-    return Path(converter.convert(str(out), quantization=quantization, force=force))
+    if shortlist is None:
+        return Path(converter.convert(str(out), quantization=quantization, force=force))
+    from tformer.api import load
+    from tformer.shortlist import Shortlist, write_vmap
+
+    table, translator = Shortlist.load(shortlist), load(checkpoint, which=which, device="cpu")
+    table.check(translator)
+    with tempfile.TemporaryDirectory() as tmp:
+        vmap = write_vmap(table, translator, Path(tmp) / "vmap.txt")
+        return Path(converter.convert(str(out), vmap=str(vmap), quantization=quantization, force=force))
 
 
 def translate_ctranslate2(model_dir: str | Path, translator, sources: list[str], beam: int = 5,
                           len_penalty: float = 0.0, max_len: int = 256, min_len: int = 0, batch_size: int = 64,
-                          compute_type: str = "default", threads: int = 0) -> list[str]:
+                          compute_type: str = "default", threads: int = 0, use_vmap: bool = False) -> list[str]:
     """Translate raw sentences with an exported model, tokenised and detokenised by the checkpoint's own
     tokenizers (`translator`, a tformer.api.Translator of the exported checkpoint). len_penalty: CTranslate2's
     (score / length**alpha), not tformer's GNMT penalty; at 0 both rank by the summed log-probability.
-    min_len: as tformer's decode.min_len (CTranslate2's default is 1)."""
+    min_len: as tformer's decode.min_len (CTranslate2's default is 1). use_vmap: restrict the output to the
+    model's vocabulary map (an export with a shortlist)."""
     ctranslate2 = _require_ctranslate2()
     ct2 = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
                                  intra_threads=threads or torch.get_num_threads())
     pieces = [translator.pieces(translator.encode(s), "source") for s in sources]
     results = ct2.translate_batch(pieces, max_batch_size=batch_size, beam_size=beam, length_penalty=len_penalty,
-                                  max_decoding_length=max_len, min_decoding_length=min_len)
+                                  max_decoding_length=max_len, min_decoding_length=min_len, use_vmap=use_vmap)
     stoi = translator.target_tokenizer.vocab.stoi
     return [translator.decode([stoi.get(t, 3) for t in r.hypotheses[0]]) for r in results]
 

@@ -11,13 +11,14 @@ from tformer.errors import DataError
 
 
 @contextlib.contextmanager
-def replace_atomically(path: str | Path, fsync: bool = False) -> Iterator[IO[str]]:
-    """A UTF-8 text file opened under a temporary name beside `path`, renamed over `path` when the block ends
-    without error (after an fsync when asked); on any error it is removed and `path` stays as it was."""
+def replace_atomically(path: str | Path, fsync: bool = False, binary: bool = False) -> Iterator[IO]:
+    """A UTF-8 text file (`binary`: a bytes file) opened under a temporary name beside `path`, renamed over
+    `path` when the block ends without error (after an fsync when asked); on any error it is removed and `path`
+    stays as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with (open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8")) as f:
             yield f
             if fsync:
                 f.flush()

@@ -31,6 +31,7 @@ from tformer.data.batching import pad_frames, pad_sequences
 from tformer.data.vocab import Vocab
 from tformer.decode import NBest, max_lengths, search
 from tformer.model import Transformer, build_model
+from tformer.shortlist import Shortlist, restrict
 from tformer.convert import open_checkpoint
 from tformer.training.checkpoint import Checkpoint
 
@@ -86,7 +87,10 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
     per source, possibly empty) force the start of each output; `constraints` (one list of phrases, id lists,
     per source) are held by every output (beam search; decode.constraints). The length limit is a * (model source
     length) + b: tokens, or model frames after stacking. `cancelled`: see the module docstring (a cancelled
-    sentence's tokens and scores are None)."""
+    sentence's tokens and scores are None). With cfg.shortlist, each sentence outputs only the target ids its
+    lexical shortlist allows (and its prefix's and constraints' tokens), the output projection computed for the
+    batch's lists only (tformer.shortlist)."""
+    shortlist = Shortlist.open(cfg.shortlist) if cfg.shortlist else None
     was_training = model.training
     model.eval()
     tokens: list[list[list[int]] | None] = [[] for _ in sources]
@@ -106,7 +110,11 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
             limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
             prefix = [prefixes[i] for i in rows] if prefixes is not None else None
             phrases = [constraints[i] for i in rows] if constraints is not None else None
-            hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop, constraints=phrases)
+            step = model.decode_step
+            if shortlist is not None:
+                allowed = [shortlist.allowed(sources[i], _forced(prefix, phrases, j)) for j, i in enumerate(rows)]
+                step, cache = restrict(model, cache, allowed, model.generator.out_features)
+            hyp = search(step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop, constraints=phrases)
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:
@@ -114,6 +122,15 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
     for i in _gone(cancelled, len(sources)):
         tokens[i] = scores[i] = None
     return NBest(tokens, scores)
+
+
+def _forced(prefix: list[list[int]] | None, phrases: list[list[list[int]] | None] | None, j: int) -> list[int]:
+    """The target ids sentence j of a batch must be able to output whatever its shortlist: its prefix's and its
+    constraints' tokens."""
+    ids = list(prefix[j]) if prefix is not None else []
+    for phrase in (phrases[j] or []) if phrases is not None else []:
+        ids += phrase
+    return ids
 
 
 def _stop(cancelled: Cancelled, rows: list[int]):

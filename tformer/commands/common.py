@@ -49,6 +49,9 @@ def number_format(sp) -> None:
                     "(default fp32); bf16 needs a CPU with avx512_bf16 or amx_bf16, or a GPU of compute capability "
                     "8.0+, and runs about 2x as fast there; log-probabilities stay fp32, results may differ "
                     "slightly; same as decode.precision")
+    sp.add_argument("--shortlist", metavar="FILE", help="a lexical shortlist (tformer shortlist): each sentence may "
+                    "output only its list's target tokens, and the output layer is computed for those only (faster; "
+                    "results may differ slightly); same as decode.shortlist=FILE")
 
 
 def listen(sp: argparse.ArgumentParser) -> None:
@@ -92,6 +95,8 @@ def decode_overrides(args: argparse.Namespace) -> list[str]:
         flags["quantize"] = "int8"
     if getattr(args, "precision", None):
         flags["precision"] = args.precision
+    if getattr(args, "shortlist", None):
+        flags["shortlist"] = args.shortlist
     return [f"decode.{key}={value}" for key, value in flags.items()] + getattr(args, "overrides", [])
 
 
@@ -125,6 +130,7 @@ def describe_decode(cfg) -> str:
         (f", repetition penalty {d.repetition_penalty}" if d.repetition_penalty != 1.0 else "")
     batch = f"{d.batch_tokens} tokens" if d.batch_tokens else f"{d.batch_size} sentences"
     int8 = ", int8" if d.quantize == "int8" else f", {d.precision}" if d.precision != "fp32" else ""
+    int8 += f", shortlist {d.shortlist}" if d.shortlist else ""
     return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "
             f"kernel {cfg.model.attention}{int8}")
 

@@ -16,8 +16,13 @@ def add_parser(sub) -> None:
                         "written as they are done, and running the same command again goes on after the last one "
                         "written. With --ref (the corpus's target side) and --nbest N, the hypothesis of the N-best "
                         "closest to the reference by sentence chrF is kept (the Firefox Translations pipeline's "
-                        "selection). Then train a student on the folder: tformer train --config RECIPE "
-                        "data.dir=OUT (with the valid and test files beside it).")
+                        "selection). With --student RECIPE (student_deep_shallow, student_small, or a YAML file) "
+                        "a student then trains on the folder into --student-dir, a lexical shortlist is built "
+                        "from the folder for it, and a table compares teacher, student and student with int8 "
+                        "weights and the shortlist on the test split (BLEU, chrF, speed, size), also written to "
+                        "STUDENT_DIR/distill_report.json. Example: tformer distill --checkpoint runs/teacher --src "
+                        "train.en --ref train.de --beam 5 --out runs/distilled --student student_deep_shallow "
+                        "--student-dir runs/student")
     sp.add_argument("--checkpoint", required=True, action="append", help=common.ENSEMBLE_HELP)
     sp.add_argument("--src", required=True, help="the corpus's source side, one sentence per line (plain or gzip)")
     sp.add_argument("--ref", help="its target side, for --nbest selection")
@@ -25,6 +30,11 @@ def add_parser(sub) -> None:
     sp.add_argument("--chunk-size", type=int, default=10_000, metavar="N",
                     help="lines translated and written at a time: what a stop can lose (default 10000)")
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="a progress bar")
+    sp.add_argument("--student", metavar="RECIPE", help="train this recipe on the distilled corpus, then compare")
+    sp.add_argument("--student-dir", metavar="DIR", help="the student's run folder (with --student; a run there "
+                    "is resumed)")
+    sp.add_argument("--student-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of the student's recipe (train.max_hours=0.5, model.d_model=256, ...)")
     common.decoding(sp)
     common.overrides(sp, common.INFERENCE_OVERRIDES)
     sp.set_defaults(func=run)
@@ -32,13 +42,50 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.distill import distill_corpus
+    from tformer.errors import ConfigError
 
     teacher = common.load_translator(args)
     if args.print_config:
         common.print_config(teacher.config)
         return 0
+    if args.student and not args.student_dir:
+        raise ConfigError("--student needs --student-dir, the student's run folder")
+    if args.student_set and not args.student:
+        raise ConfigError("--student-set sets the student's recipe: give --student RECIPE")
     report = distill_corpus(teacher, args.src, args.out, references=args.ref, chunk_size=args.chunk_size,
                             progress=args.progress)
     again = f" ({report.resumed_chunks} of {report.chunks} chunks from an earlier run)" if report.resumed_chunks else ""
     print(f"{report.sources}, {report.targets}: {report.lines:,} lines{again} in {report.seconds:.1f} s")
+    if args.student:
+        _student(args, teacher, report)
     return 0
+
+
+def _student(args: argparse.Namespace, teacher, report) -> None:
+    """Train the student, build its shortlist, compare the three on the test split."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from tformer.api import load, train
+    from tformer.distill import compare, format_rows, student_overrides
+    from tformer.files import replace_atomically
+    from tformer.shortlist import build_shortlist
+
+    run_dir = Path(args.student_dir)
+    resume = (run_dir / "checkpoints").is_dir()
+    train(None if resume else args.student, run_dir, resume=resume,
+          overrides=[] if resume else student_overrides(teacher, args.out) + args.student_set, progress=args.progress)
+    student = load(run_dir, device="cpu")
+    shortlist = run_dir / "shortlist.safetensors"
+    build_shortlist(student, report.sources, report.targets).save(shortlist)
+    fast = load(run_dir, device="cpu", quantize="int8", shortlist=str(shortlist))
+    sources, references = student.load_split("test").texts["test"]
+    options = {"beam": args.beam} if args.beam else {}
+    rows = compare({"teacher": teacher, "student": student, "student, int8 + shortlist": fast}, sources, references,
+                   student.config.data.tgt_lang, **options)
+    print(format_rows(rows))
+    with replace_atomically(run_dir / "distill_report.json") as f:
+        f.write(json.dumps({"teacher": [str(p) for p in args.checkpoint], "corpus": report.targets,
+                            "shortlist": str(shortlist), "test sentences": len(sources),
+                            "rows": [dataclasses.asdict(r) for r in rows]}, indent=1) + "\n")

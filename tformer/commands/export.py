@@ -27,6 +27,8 @@ def add_parser(sub) -> None:
     sp.add_argument("out", metavar="OUT", help="folder to write")
     sp.add_argument("--quantization", choices=("int8", "int8_float32", "int16", "float16", "bfloat16"),
                     help="store the weights quantized (default: float32)")
+    sp.add_argument("--shortlist", metavar="FILE", help="ctranslate2: a lexical shortlist (tformer shortlist) "
+                    "written as the model's vocabulary map (vmap.txt; translate with use_vmap=True)")
     sp.add_argument("--force", action="store_true", help="replace OUT if it exists")
     sp.set_defaults(func=run)
 
@@ -37,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.quantization and args.format not in ("ctranslate2", "argos"):
         raise ConfigError("--quantization is for --format ctranslate2 and argos")
+    if args.shortlist and args.format != "ctranslate2":
+        raise ConfigError("--shortlist is for --format ctranslate2 (Argos Translate does not read a vocabulary map)")
     if args.format == "argos":
         out = export_argos(args.checkpoint, args.out, quantization=args.quantization or "int8", force=args.force)
         print(f"wrote the Argos Translate package {out} (from {args.checkpoint}); install it with "
@@ -53,9 +57,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {enc} (encoder + first step) and {step} (one decoding step) from {args.checkpoint}")
         print("see tformer.export.onnx_greedy for the decoding loop over them (onnxruntime)")
         return 0
-    out = export_ctranslate2(args.checkpoint, args.out, quantization=args.quantization, force=args.force)
+    out = export_ctranslate2(args.checkpoint, args.out, quantization=args.quantization, force=args.force,
+                             shortlist=args.shortlist)
     print(f"wrote the CTranslate2 model {out} (from {args.checkpoint}"
-          f"{', ' + args.quantization if args.quantization else ''})")
+          f"{', ' + args.quantization if args.quantization else ''}"
+          f"{', vocabulary map vmap.txt (use_vmap=True)' if args.shortlist else ''})")
     print("translate with ctranslate2.Translator, feeding the checkpoint's pieces (tformer.export.translate_ctranslate2 "
           "does the tokenising)")
     return 0

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from tformer.decode.common import log_probs
 from tformer.model.cache import DecoderCache
+from tformer.model.output import Projection
 from tformer.model.transformer import EncoderOutput, Transformer
 
 
@@ -57,8 +58,15 @@ class Ensemble(nn.Module):
     def init_cache(self, enc: EnsembleEncoding) -> EnsembleCache:
         return EnsembleCache([m.init_cache(e) for m, e in zip(self.models, enc.outputs)])
 
-    def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> tuple[Tensor, EnsembleCache]:
-        """tokens (N,) -> the mean of the models' log-probabilities (N, V) and the caches with this position."""
-        steps = [m.decode_step(tokens, c) for m, c in zip(self.models, cache.caches)]
+    def restricted_output(self, ids: Tensor) -> list[Projection]:
+        """Each model's output projection of the target ids `ids` (K,) only, for decode_step."""
+        return [m.restricted_output(ids) for m in self.models]
+
+    def decode_step(self, tokens: Tensor, cache: EnsembleCache, output: list[Projection] | None = None
+                    ) -> tuple[Tensor, EnsembleCache]:
+        """tokens (N,) -> the mean of the models' log-probabilities (N, V) and the caches with this position;
+        with `output` (`restricted_output`), over its K ids only (N, K), each model normalised over them."""
+        outputs = output if output is not None else [None] * len(self.models)
+        steps = [m.decode_step(tokens, c, o) for m, c, o in zip(self.models, cache.caches, outputs)]
         logp = torch.stack([log_probs(logits) for logits, _ in steps]).mean(0)  # (N, V)
         return logp, EnsembleCache([c for _, c in steps])

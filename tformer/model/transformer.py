@@ -46,6 +46,7 @@ from tformer.model.cache import DecoderCache
 from tformer.model.embeddings import Embeddings, FrameEmbeddings, Span
 from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout, Packed, Padded, Step
+from tformer.model.output import Projection, restricted_linear
 from tformer.model.stack import LayerStack, Side, final_norm
 from tformer.positions import RandomPositions, Rotary, build_attention_bias, build_positions
 from tformer.structures import Structure, build_structure
@@ -243,8 +244,10 @@ class Transformer(nn.Module):
         memory = enc.memory if enc.layout is None else enc.layout.padded(enc.memory)  # (B, S, D)
         return self.decoder.init_cache(memory, enc.mask)
 
-    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        """tokens (N,) at the next position -> logits (N, V) and the cache with this position added.
+    def decode_step(self, tokens: Tensor, cache: DecoderCache, output: Projection | None = None
+                    ) -> tuple[Tensor, DecoderCache]:
+        """tokens (N,) at the next position -> logits (N, V) and the cache with this position added; with
+        `output` (`restricted_output`), the logits of its K rows only (N, K).
 
         The cache's source mask and cross-attention keys/values have one row per sentence (B); the
         self-attention entries one row per hypothesis, N = B x K with a sentence's K hypotheses in consecutive
@@ -256,7 +259,11 @@ class Transformer(nn.Module):
         side = Side(e.x, e.positions, layout, None, layout.bias(table), self._rotary("decoder", layout.positions(),
                                                                                     e.x.device))
         x, cache = self.decoder.step(side, cache)
-        return self.generator(x[:, 0]), cache  # (N, V)
+        return (self.generator if output is None else output)(x[:, 0]), cache  # (N, V) or (N, K)
+
+    def restricted_output(self, ids: Tensor) -> Projection:
+        """The output projection of the target ids `ids` (K,) only, for decode_step (a lexical shortlist)."""
+        return restricted_linear(self.generator, ids)
 
 
 _RENAMES = (  # checkpoints written before the model was a composition (format 1, tformer <= 0.2)
