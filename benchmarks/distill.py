@@ -2,7 +2,7 @@
 lexical shortlist, the same student in CTranslate2 int8 with the shortlist as its vocabulary map, and the same
 student recipe trained on the original data.
 
-    python benchmarks/distill.py --teacher runs/teacher --student runs/student --baseline runs/student_orig \
+    python benchmarks/distill.py --teacher runs/teacher --student runs/student --also "on the original data=runs/orig" \
         --shortlist runs/student/shortlist.safetensors [--rounds 3] [--record]
 
 Quality: sacreBLEU and chrF on the test split, beam 4, each run's own length penalty. Speed: every engine
@@ -30,7 +30,7 @@ from ct2_worker import CT2Worker  # noqa: E402
 
 import tformer  # noqa: E402
 import tformer.shortlist  # noqa: E402
-from tformer.distill import weights_megabytes  # noqa: E402
+from tformer.distill import parameter_count, weights_megabytes  # noqa: E402
 from tformer.export import export_ctranslate2  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
 
@@ -39,7 +39,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--teacher", required=True, action="append", help="the teacher (twice: an ensemble)")
     ap.add_argument("--student", required=True, help="the student trained on the teacher's translations")
-    ap.add_argument("--baseline", help="the same student recipe trained on the original data")
+    ap.add_argument("--also", action="append", default=[], metavar="LABEL=RUN",
+                    help="another model for the quality table and the speed table (fp32): the student recipe on the "
+                    "original data, another student shape")
     ap.add_argument("--shortlist", required=True, help="the student's shortlist (tformer shortlist)")
     ap.add_argument("--more-shortlists", nargs="*", default=[], metavar="FILE",
                     help="other shortlists of the student (other --first/--best), for the identity table only")
@@ -57,7 +59,7 @@ def main() -> None:
     int8 = tformer.load(args.student, device="cpu", quantize="int8")
     listed = tformer.load(args.student, device="cpu", shortlist=args.shortlist)
     fast = tformer.load(args.student, device="cpu", quantize="int8", shortlist=args.shortlist)
-    baseline = tformer.load(args.baseline, device="cpu") if args.baseline else None
+    others = {label: tformer.load(run, device="cpu") for label, run in (a.split("=", 1) for a in args.also)}
     split = student.load_split(args.split)
     sources, refs = split.texts[args.split]
     lang = student.config.data.tgt_lang
@@ -66,8 +68,7 @@ def main() -> None:
     quality = ["| model | sacreBLEU | chrF | vs teacher | parameters | MB as held |", "|---|---:|---:|---:|---:|---:|"]
     named = [("teacher" + (" (ensemble)" if teacher.ensemble else ""), teacher), ("student", student),
              ("student, int8", int8), ("student, int8 + shortlist", fast)]
-    if baseline is not None:
-        named.insert(1, ("the student recipe on the original data", baseline))
+    named[2:2] = list(others.items())
     outputs: dict[str, list[str]] = {}
     base_bleu = None
     for name, t in named:
@@ -76,7 +77,7 @@ def main() -> None:
         base_bleu = s.bleu if base_bleu is None else base_bleu
         models = t.model.models if t.ensemble else [t.model]
         quality.append(f"| {name} | {s.bleu:.2f} | {s.chrf:.2f} | {s.bleu - base_bleu:+.2f} | "
-                       f"{sum(p.numel() for m in models for p in m.parameters()):,} | "
+                       f"{sum(parameter_count(m) for m in models):,} | "
                        f"{sum(weights_megabytes(m) for m in models):.2f} |")
         print(quality[-1], flush=True)
 
@@ -113,7 +114,8 @@ def main() -> None:
                    "student, fp32": lambda: student.translate(sources, **common),
                    "student, int8": lambda: int8.translate(sources, **common),
                    "student, fp32 + shortlist": lambda: listed.translate(sources, **common),
-                   "student, int8 + shortlist": lambda: fast.translate(sources, **common)}
+                   "student, int8 + shortlist": lambda: fast.translate(sources, **common),
+                   **{f"{label}, fp32": (lambda m=m: m.translate(sources, **common)) for label, m in others.items()}}
         times: dict[str, list[float]] = {k: [] for k in [*engines, "CTranslate2 student, int8", "CTranslate2 student, "
                                                          "int8 + vocabulary map"]}
         for _ in range(args.rounds):
@@ -133,7 +135,7 @@ def main() -> None:
         speed.append(f"| {name} | {sec:.2f} | {len(sources) / sec:.0f} | {median['teacher, fp32'] / sec:.2f}x | "
                      f"{median['CTranslate2 student, int8 + vocabulary map'] / sec:.2f}x |")
         print(speed[-1], flush=True)
-    notes = (f"teacher {args.teacher}, student {args.student}, baseline {args.baseline}, shortlist {args.shortlist}; "
+    notes = (f"teacher {args.teacher}, student {args.student}, also {args.also}, shortlist {args.shortlist}; "
              f"{args.split} split, {len(sources)} sentences ({split.origin if hasattr(split, 'origin') else lang}); "
              f"{args.threads} threads; quality at beam 4 with each run's length penalty; speed at batch "
              f"{args.batch_size}, beam 4, length penalty 0, at most {args.max_len} tokens, {args.rounds} rounds taking "

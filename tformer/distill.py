@@ -171,6 +171,19 @@ class ModelRow:
     megabytes: float  # the weights as held for decoding (their state dict saved: int8 layers at one byte a weight)
 
 
+def parameter_count(model) -> int:
+    """The weights `model` holds, each shared tensor once, counted also where int8 layers hold them packed (not as
+    parameters; an int8 generator is a copy of a tied embedding, so it counts again)."""
+    import torch
+
+    count = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            weight, bias = module._packed_params._weight_bias()
+            count += weight.numel() + (0 if bias is None else bias.numel())
+    return count
+
+
 def weights_megabytes(model) -> float:
     """The size of `model`'s state dict as torch.save writes it (int8 layers hold their packed int8 weights)."""
     import io
@@ -197,7 +210,7 @@ def compare(models: dict[str, Any], sources: list[str], references: list[str], l
         scores = translation_scores(outputs, references, language)
         models_ = translator.model.models if translator.ensemble else [translator.model]
         rows.append(ModelRow(name, round(scores.bleu, 2), round(scores.chrf, 2), round(seconds, 2),
-                             round(len(sources) / seconds, 1), sum(p.numel() for m in models_ for p in m.parameters()),
+                             round(len(sources) / seconds, 1), sum(parameter_count(m) for m in models_),
                              round(sum(weights_megabytes(m) for m in models_), 2)))
     return rows
 
