@@ -4,6 +4,7 @@ rotating by round (the machine is shared and noisy).
 
     python benchmarks/checkout_ab.py --before PATH --checkpoint RUN [--precisions fp32 int8 bf16]
                                      [--batch-size 32] [--beams 1 4] [--sentences 128] [--max-len 24] [--rounds 3]
+                                     [--shortlist FILE]
 
 A precision the other checkout does not know (bf16 before issue 45) is run by this one alone. Each process
 loads the model (untimed), decodes one batch to warm up, then times `translate_ids` over the sentences at
@@ -39,7 +40,8 @@ with gzip.open(spec["data"], "rt", encoding="utf-8") as f:
 out = {}
 for beam in spec["beams"]:
     cfg = DecodeConfig(strategy="greedy" if beam == 1 else "beam", beam_size=beam, len_penalty=0.0, max_len_a=0.0,
-                       max_len_b=spec["max_len"], batch_size=spec["batch_size"])
+                       max_len_b=spec["max_len"], batch_size=spec["batch_size"],
+                       **({"shortlist": spec["shortlist"]} if spec["shortlist"] else {}))
     translate_ids(t.model, ids[: spec["batch_size"]], cfg)
     tic = time.perf_counter()
     translate_ids(t.model, ids, cfg)
@@ -60,6 +62,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shortlist", default="", help="decode with this lexical shortlist (both checkouts)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     runs = [("after", ROOT, args.checkpoint, p) for p in args.precisions]
@@ -70,6 +73,7 @@ def main() -> None:
         for which, repo, checkpoint, precision in runs[r % len(runs):] + runs[: r % len(runs)]:
             spec = dict(checkpoint=checkpoint, precision=precision, beams=args.beams, batch_size=args.batch_size,
                         sentences=args.sentences, max_len=args.max_len, threads=args.threads,
+                        shortlist=args.shortlist,
                         data=str(SHARED_DATA / "multi30k" / "test2016.en.gz"))
             done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], cwd=repo, capture_output=True,
                                   text=True, env={**os.environ, "PYTHONPATH": str(repo)})
@@ -90,7 +94,7 @@ def main() -> None:
                          f"{' / '.join(f'{x:.2f}' for x in times[('after', precision, beam)])} |")
     notes = (f"Checkpoint {args.checkpoint}; before: the checkout {args.before}; {args.sentences} Multi30k test2016 "
              f"sentences, batch {args.batch_size}, outputs up to {args.max_len} tokens, length penalty 0, "
-             f"{args.threads} threads; each (checkout, precision) in a fresh process per round, {args.rounds} rounds "
+             f"{args.threads} threads{f', shortlist {args.shortlist}' if args.shortlist else ''}; each (checkout, precision) in a fresh process per round, {args.rounds} rounds "
              "taking turns; n/a: the other checkout has no such precision.")
     report("Decoding before and after a change, two checkouts taking turns", table, notes, args.record)
 

@@ -18,12 +18,15 @@ import pytest
 import torch
 
 import tformer
+from tformer.decode import NBest
 from tformer.errors import ConfigError, DataError
 from tformer.inference import translate_ids
 from tformer.model import build_model
+from tformer.model.ensemble import Ensemble
 from tformer.model.matmul import Prepacked, PrepackedLinear
 from tformer.model.output import restricted_linear
-from tformer.shortlist import SPECIALS, Shortlist, build_shortlist
+from tformer import shortlist as shortlist_module
+from tformer.shortlist import SPECIALS, Shortlist, build_shortlist, restrict
 
 from conftest import tiny_config
 from test_serve import CHECKPOINT, LINES
@@ -121,12 +124,45 @@ def test_a_list_of_the_whole_vocabulary_changes_nothing(translator, tmp_path, op
         [h.score for t in plain for h in t.hypotheses], abs=1e-4)
 
 
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_the_search_sees_the_batchs_columns_padded_and_maps_them_back(built, translator, multiple, monkeypatch):
+    monkeypatch.setattr(shortlist_module, "COLUMN_MULTIPLE", multiple)
+    shortlist, _, _ = built
+    model = tformer.load(CHECKPOINT, device="cpu").model
+    sources = [translator.encode(line) for line in LINES[:3]]
+    allowed = [shortlist.allowed(s) for s in sources]
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(s + [2]) for s in sources], True)
+    with torch.inference_mode():
+        cache = model.init_cache(model.encode(src, torch.tensor([len(s) + 1 for s in sources])))
+        r = restrict(model, cache, allowed, model.generator.out_features)
+        union = sorted(set(np.concatenate(allowed).tolist()) | {0, 1, 2, 3})
+        V = model.generator.out_features
+        if multiple == 1:
+            assert r.ids.tolist() == union
+        else:  # padded with other ids, still sorted
+            assert set(union) < set(r.ids.tolist()) and r.ids.tolist() == sorted(r.ids.tolist())
+            assert len(r.ids) % multiple == 0 and len(r.ids) < V
+        assert r.ids[:4].tolist() == [0, 1, 2, 3]  # the searches' special ids are columns too
+        logits, _ = r.step(torch.full((3,), 1), r.cache)
+        full, _ = model.decode_step(torch.full((3,), 1), model.init_cache(model.encode(src, torch.tensor(
+            [len(s) + 1 for s in sources]))))
+    assert logits.shape == (3, len(r.ids))
+    for j, a in enumerate(allowed):  # each sentence: its own list's logits, -inf elsewhere
+        mine = torch.from_numpy(np.isin(r.ids.numpy(), a))
+        torch.testing.assert_close(logits[j, mine], full[j, r.ids[mine]], rtol=1e-5, atol=1e-5)
+        assert torch.isneginf(logits[j, ~mine]).all()
+    word = [r.ids[5].item(), r.ids[7].item()]
+    assert r.columns([word, None]) == [[5, 7], None]
+    assert r.tokens(NBest([[[5, 7]], None], [[0.0], None])).tokens == [[word], None]
+
+
 class Masked(torch.nn.Module):
-    """The oracle: one sentence's model whose logits outside `allowed` are -inf, decoded without a shortlist."""
+    """The oracle: one sentence's model whose logits outside `allowed` are -inf, decoded without a shortlist (of an
+    ensemble: each member's, as a shortlist normalises each over the sentence's list)."""
 
     def __init__(self, model, allowed: np.ndarray) -> None:
         super().__init__()
-        self.model, self.generator = model, model.generator
+        self.model, self.generator, self.cfg = model, model.generator, model.cfg
         self.keep = torch.zeros(model.generator.out_features, dtype=torch.bool)
         self.keep[torch.from_numpy(allowed)] = True
 
@@ -136,25 +172,47 @@ class Masked(torch.nn.Module):
     def init_cache(self, enc):
         return self.model.init_cache(enc)
 
-    def decode_step(self, tokens, cache):
+    def decode_step(self, tokens, cache, output=None):
         logits, cache = self.model.decode_step(tokens, cache)
         return logits.masked_fill(~self.keep, float("-inf")), cache
 
 
-@pytest.mark.parametrize("options", [{"strategy": "greedy"}, {"strategy": "beam", "beam_size": 4, "nbest": 2}])
+RULES = {"no_repeat_ngram": 2, "repetition_penalty": 1.5, "min_len": 3}  # the rules that read a row's tokens
+
+
+@pytest.mark.parametrize("options", [{"strategy": "greedy"}, {"strategy": "beam", "beam_size": 4, "nbest": 2},
+                                     {"strategy": "greedy", **RULES}, {"strategy": "beam", "beam_size": 3, **RULES}])
 @pytest.mark.parametrize("ensemble", [False, True])
-def test_the_batched_search_equals_a_full_search_of_each_sentence_masked_to_its_list(built, tmp_path, options,
-                                                                                      ensemble):
+@pytest.mark.parametrize("prefixed", [False, True])
+def test_the_batched_search_equals_a_full_search_of_each_sentence_masked_to_its_list(built, translator, options,
+                                                                                      ensemble, prefixed,
+                                                                                      monkeypatch):
+    """The search runs in the batch's columns: its rules and forced prefixes must read columns as the full
+    search reads ids. (Unpadded: padded to 64, this 60-piece vocabulary's columns would be its ids.)"""
+    monkeypatch.setattr(shortlist_module, "COLUMN_MULTIPLE", 1)
     shortlist, path, _ = built
     paths = [CHECKPOINT, CHECKPOINT] if ensemble else CHECKPOINT
     listed = tformer.load(paths, device="cpu", shortlist=str(path))
     cfg = listed.decode_settings(batch_size=7, **options)
     sources = [listed.encode(line) for line in LINES if line]
-    got = translate_ids(listed.model, sources, cfg)
+    rare = [i for i in translator.encode("HOUSE WOMAN", "target") if i not in set(shortlist.frequent)]
+    prefixes = [rare[: i % 3] for i in range(len(sources))] if prefixed else None
+    phrases = ([[rare[-1:]] if i % 2 else None for i in range(len(sources))]
+               if prefixed and options["strategy"] == "beam" else None)
+    got = translate_ids(listed.model, sources, cfg, prefixes=prefixes, constraints=phrases)
     plain_cfg = listed.decode_settings(batch_size=1, shortlist="", **options)
     for i, src in enumerate(sources):
-        allowed = shortlist.allowed(src)
-        want = translate_ids(Masked(listed.model, allowed), [src], plain_cfg)
+        prefix = [prefixes[i]] if prefixed else None
+        phrase = [phrases[i]] if phrases else None
+        allowed = shortlist.allowed(src, (prefix[0] if prefixed else []) + (phrase[0][0] if phrase and phrase[0]
+                                                                             else []))
+        oracle = (Ensemble([Masked(m, allowed) for m in listed.model.models]) if ensemble
+                  else Masked(listed.model, allowed))
+        want = translate_ids(oracle, [src], plain_cfg, prefixes=prefix, constraints=phrase)
+        if prefixed:
+            assert all(h[: len(prefix[0])] == prefix[0] for h in got.tokens[i])
+        if phrase and phrase[0]:
+            assert all(rare[-1] in h for h in got.tokens[i])
         assert got.tokens[i] == want.tokens[0], i
         assert got.scores[i] == pytest.approx(want.scores[0], abs=1e-4), i
         assert all(t in set(allowed.tolist()) for hyp in got.tokens[i] for t in hyp)

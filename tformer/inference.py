@@ -110,11 +110,14 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
             limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
             prefix = [prefixes[i] for i in rows] if prefixes is not None else None
             phrases = [constraints[i] for i in rows] if constraints is not None else None
-            step = model.decode_step
-            if shortlist is not None:
+            if shortlist is None:
+                hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop,
+                             constraints=phrases)
+            else:  # the search runs in the columns of the batch's lists
                 allowed = [shortlist.allowed(sources[i], _forced(prefix, phrases, j)) for j, i in enumerate(rows)]
-                step, cache = restrict(model, cache, allowed, model.generator.out_features)
-            hyp = search(step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop, constraints=phrases)
+                r = restrict(model, cache, allowed, model.generator.out_features)
+                hyp = r.tokens(search(r.step, r.cache, limit, cfg, ids=rows, prefix=r.columns(prefix), stop=stop,
+                                      constraints=r.columns(phrases)))
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:

@@ -13,8 +13,9 @@ number of links between s and t over the links of s. A shortlist is tied to the 
 (their fingerprints are stored) and refused for others.
 
 In decoding (`restrict`) each batch computes the output rows of the union of its sentences' lists, once per
-batch, and each sentence's hypotheses then see their own list only (the other rows are -inf), so a sentence's
-output does not depend on the sentences it is batched with (CTranslate2's and Marian's use the batch's union). The
+batch, and the search runs over those K columns only (softmax, top-k, every rule), as CTranslate2's does. Each
+sentence's hypotheses see their own list only (the other columns are -inf), so a sentence's output does not
+depend on the sentences it is batched with (CTranslate2's and Marian's use the batch's union). The
 softmax is over the sentence's list: where the full search's best path leaves the list, or where renormalising
 over it reorders the beam, the output changes; benchmarks/RESULTS.md counts how often.
 """
@@ -204,7 +205,7 @@ def build_shortlist(translator, sources: str | Path, targets: str | Path, *, fir
 
 
 class ShortlistCache(NamedTuple):
-    """A model's cache and, per sentence, 0 where it may output each of the batch's K shortlist ids and -inf
+    """A model's cache and, per sentence, 0 where it may output each of the batch's K shortlist columns and -inf
     where it may not (B, K)."""
     inner: Any
     bias: Tensor
@@ -214,26 +215,66 @@ class ShortlistCache(NamedTuple):
         return ShortlistCache(self.inner.reorder(hyp_rows, sentence_rows), bias)
 
 
-def restrict(model, cache, allowed: list[np.ndarray], vocab_size: int):
-    """(step, cache) for a search over one batch: `model`'s decode_step on the union of the sentences' `allowed`
-    ids (one sorted id array per sentence, in the batch's order), each sentence's rows -inf outside its own.
-    A sentence's hypotheses are consecutive rows, as many for each (tformer.decode)."""
-    union = np.unique(np.concatenate(allowed))
+COLUMN_MULTIPLE = 64  # the batch's columns are padded to a multiple of this (tformer.decode.common.row_max)
+
+
+class Restricted(NamedTuple):
+    """A search over one batch in the columns of its shortlists' union: `step` takes column tokens and returns
+    (N, K) logits, `cache` is its cache, and column c stands for target id `ids[c]` (sorted, so <pad>, <s>,
+    </s> and <unk>, always present, are columns 0-3 as they are ids 0-3). The searches need nothing else: their
+    prefixes and constraints go in as columns (`columns`) and their outputs come back as ids (`tokens`)."""
+    step: Any
+    cache: ShortlistCache
+    ids: Tensor  # (K,)
+
+    def columns(self, lists):
+        """Target ids -> columns, in nested lists (prefixes, constraint phrases); None stays None."""
+        column = {i: c for c, i in enumerate(self.ids.tolist())}
+
+        def convert(x):
+            return x if x is None else column[x] if isinstance(x, int) else [convert(y) for y in x]
+        return convert(lists)
+
+    def tokens(self, nbest):
+        """A search's NBest in columns -> the same in target ids."""
+        ids = self.ids.tolist()
+        return type(nbest)([None if hyps is None else [[ids[c] for c in h] for h in hyps] for hyps in nbest.tokens],
+                           nbest.scores)
+
+
+def restrict(model, cache, allowed: list[np.ndarray], vocab_size: int, multiple: int | None = None) -> Restricted:
+    """The search over one batch in its columns (`Restricted`): `model`'s decode_step on the union of the
+    sentences' `allowed` ids (one sorted id array per sentence, in the batch's order) and the four special ids,
+    padded with the lowest other ids to a multiple of `multiple` (COLUMN_MULTIPLE); each sentence's columns are -inf outside its
+    own list. A sentence's hypotheses are consecutive rows, as many for each (tformer.decode). The softmax and
+    every search rule then run over K columns instead of the whole vocabulary, as CTranslate2's search does with
+    its vocabulary map."""
+    union = np.unique(np.concatenate([np.arange(4, dtype=np.int64), *allowed]))
+    pad = min(-len(union) % (multiple or COLUMN_MULTIPLE), vocab_size - len(union))
+    if pad:
+        union = np.union1d(union, np.setdiff1d(np.arange(len(union) + pad), union)[:pad])
     device = cache_device(cache)
     ids = torch.from_numpy(union).to(device)
     keep = torch.stack([torch.from_numpy(np.isin(union, a)) for a in allowed]).to(device)  # (B, K)
     bias = torch.zeros(keep.shape, device=device).masked_fill_(~keep, float("-inf"))
     output = model.restricted_output(ids)
 
-    def step(tokens: Tensor, c: ShortlistCache) -> tuple[Tensor, ShortlistCache]:
-        logits, inner = model.decode_step(tokens, c.inner, output)  # (N, K)
-        rows, (B, K) = logits.shape[0], c.bias.shape
-        logits = (logits.view(B, rows // B, K) + c.bias.to(logits.dtype)[:, None]).view(rows, K)
-        full = logits.new_full((rows, vocab_size), float("-inf"))
-        full.index_copy_(1, ids, logits)
-        return full, ShortlistCache(inner, c.bias)
+    def step(columns: Tensor, c: ShortlistCache) -> tuple[Tensor, ShortlistCache]:
+        own = [_masked(o, c.bias) for o in output] if isinstance(output, list) else _masked(output, c.bias)
+        logits, inner = model.decode_step(ids[columns], c.inner, own)  # (N, K)
+        return logits, ShortlistCache(inner, c.bias)
 
-    return step, ShortlistCache(cache, bias)
+    return Restricted(step, ShortlistCache(cache, bias), ids)
+
+
+def _masked(project, bias: Tensor):
+    """`project` with each sentence's columns outside its list -inf, its hypotheses' rows alike: an ensemble's
+    models are each normalised over the sentence's own list, so no step depends on the batch's union."""
+    def masked(x: Tensor) -> Tensor:
+        logits = project(x)  # (N, K)
+        (B, K), rows = bias.shape, logits.shape[0]
+        return (logits.view(B, rows // B, K) + bias.to(logits.dtype)[:, None]).view(rows, K)
+    return masked
 
 
 def cache_device(cache) -> torch.device:
