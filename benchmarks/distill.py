@@ -35,6 +35,12 @@ from tformer.export import export_ctranslate2  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
 
 
+def _settings(path: str) -> str:
+    """A shortlist file's --first and --best, as its rows name it."""
+    s = tformer.shortlist.Shortlist.load(path).settings
+    return f"shortlist first {s['first']}, best {s['best']}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--teacher", required=True, action="append", help="the teacher (twice: an ensemble)")
@@ -44,7 +50,8 @@ def main() -> None:
                     "original data, another student shape")
     ap.add_argument("--shortlist", required=True, help="the student's shortlist (tformer shortlist)")
     ap.add_argument("--more-shortlists", nargs="*", default=[], metavar="FILE",
-                    help="other shortlists of the student (other --first/--best), for the identity table only")
+                    help="other shortlists of the student (other --first/--best), for the identity table and the "
+                    "speed table (int8)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -60,6 +67,8 @@ def main() -> None:
     listed = tformer.load(args.student, device="cpu", shortlist=args.shortlist)
     fast = tformer.load(args.student, device="cpu", quantize="int8", shortlist=args.shortlist)
     others = {label: tformer.load(run, device="cpu") for label, run in (a.split("=", 1) for a in args.also)}
+    more = {path: tformer.load(args.student, device="cpu", quantize="int8", shortlist=path)
+            for path in args.more_shortlists}
     split = student.load_split(args.split)
     sources, refs = split.texts[args.split]
     lang = student.config.data.tgt_lang
@@ -89,15 +98,14 @@ def main() -> None:
         table = tformer.shortlist.Shortlist.load(path)
         mean = sum(len(table.allowed(student.encode(s))) for s in sources) / len(sources)
         pair = ((student, tformer.load(args.student, device="cpu", shortlist=path)),
-                (int8, tformer.load(args.student, device="cpu", quantize="int8", shortlist=path)))
+                (int8, more.get(path, fast)))
         for beam in (1, 4):
             counts = []
             for full, short in pair:
                 a = [x.text for x in full.translate(sources, beam=beam, batch_size=args.batch_size)]
                 b = [x.text for x in short.translate(sources, beam=beam, batch_size=args.batch_size)]
                 counts.append(sum(x == y for x, y in zip(a, b)))
-            s = table.settings
-            same.append(f"| first {s['first']}, best {s['best']} | {mean:.0f} / {vocab} | "
+            same.append(f"| {_settings(path)} | {mean:.0f} / {vocab} | "
                         f"{'greedy' if beam == 1 else f'beam {beam}'} | {counts[0]}/{len(sources)} "
                         f"({100 * counts[0] / len(sources):.1f}%) | {counts[1]}/{len(sources)} "
                         f"({100 * counts[1] / len(sources):.1f}%) |")
@@ -115,6 +123,8 @@ def main() -> None:
                    "student, int8": lambda: int8.translate(sources, **common),
                    "student, fp32 + shortlist": lambda: listed.translate(sources, **common),
                    "student, int8 + shortlist": lambda: fast.translate(sources, **common),
+                   **{f"student, int8 + {_settings(path)}": (lambda m=m: m.translate(sources, **common))
+                      for path, m in more.items()},
                    **{f"{label}, fp32": (lambda m=m: m.translate(sources, **common)) for label, m in others.items()}}
         times: dict[str, list[float]] = {k: [] for k in [*engines, "CTranslate2 student, int8", "CTranslate2 student, "
                                                          "int8 + vocabulary map"]}

@@ -161,3 +161,50 @@ def test_the_student_trains_on_the_distilled_corpus_and_is_compared_with_its_tea
     assert main(["distill", "--checkpoint", str(CHECKPOINT), "--src", str(src), "--out", str(out), "--student",
                  "x"]) == 2
     assert "--student needs --student-dir" in capsys.readouterr().err
+
+
+TSV_TEACHER = """model: {d_model: 16, n_heads: 2, d_ff: 32, encoder_layers: 1, decoder_layers: 1, dropout: 0.0}
+data: {task: translation, format: tsv, tsv: TSV, src_lang: en, tgt_lang: de, valid_size: 20, test_size: 20,
+       subword: bpe, vocab_size: 60, joint_vocab: true}
+train: {max_steps: 5, epochs: 100, eval_every: 0, warmup: 10, lr: 3.0, max_tokens: 1000, patience: 0}
+"""
+
+
+def test_a_tsv_teachers_own_training_split_is_distilled_and_its_valid_and_test_go_to_the_student(tmp_path, capsys):
+    """A teacher trained on one TSV file (split by seed) has no split files: `tformer distill` without --src
+    translates its training split, and the student's overrides write its valid and test splits beside the
+    distilled corpus. Oracles: the teacher's own load_split and translate."""
+    import random
+
+    from tformer.cli import main
+    from tformer.distill import student_overrides
+
+    words = "a big cat child dog eats house man red runs sees small the woman".split()
+    rng = random.Random(1)
+    lines = sorted({" ".join(rng.choice(words) for _ in range(rng.randint(3, 6))) for _ in range(150)})
+    tsv = write(tmp_path / "pairs.tsv", [f"{s}\t{s.upper()}" for s in lines])
+    recipe = tmp_path / "teacher.yaml"
+    recipe.write_text(TSV_TEACHER.replace("TSV", str(tsv)), encoding="utf-8")
+    tformer.train(recipe, tmp_path / "teacher")
+    teacher = tformer.load(tmp_path / "teacher", device="cpu")
+    out = tmp_path / "distilled"
+    assert main(["distill", "--checkpoint", str(tmp_path / "teacher"), "--out", str(out), "--beam", "2",
+                 "--nbest", "2", "--no-progress"]) == 0
+    train_src, train_ref = teacher.load_split("train").texts["train"]
+    assert (read(out / "source.en"), read(out / "source.de")) == (train_src, train_ref)
+    assert read(out / "train.en") == train_src and len(read(out / "train.de")) == len(train_src)
+    want = distill_corpus(teacher, out / "source.en", tmp_path / "api", references=out / "source.de", beam=2, nbest=2)
+    assert read(out / "train.de") == read(Path(want.targets))
+    # the same command again resumes on the same recorded sources
+    assert main(["distill", "--checkpoint", str(tmp_path / "teacher"), "--out", str(out), "--beam", "2",
+                 "--nbest", "2", "--no-progress"]) == 0
+    assert "(1 of 1 chunks from an earlier run)" in capsys.readouterr().out
+    overrides = student_overrides(teacher, out)
+    assert overrides[-2:] == ["data.valid_prefix=valid", "data.test_prefix=test"] and "data.format=files" in overrides
+    for split in ("valid", "test"):
+        src, ref = teacher.load_split(split).texts[split]
+        assert (read(out / f"{split}.en"), read(out / f"{split}.de")) == (src, ref) and len(src) >= 20
+    assert not set(read(out / "test.en")) & set(train_src)  # the teacher's split, kept apart
+    assert main(["distill", "--checkpoint", str(tmp_path / "teacher"), "--out", str(out), "--ref",
+                 str(out / "source.de")]) == 2
+    assert "--ref is the target side of --src" in capsys.readouterr().err

@@ -148,16 +148,38 @@ def _translate(teacher, chunk: list[str], refs: list[str] | None, name: Path, fi
 # ---------------------------------------------------------------------------------------------- the student
 
 
+def write_split(teacher, split: str, folder: str | Path, prefix: str | None = None) -> tuple[Path, Path]:
+    """The teacher's own `split` ("train", "valid", "test": of the corpus its config names, a TSV file's seeded
+    split included) as line-aligned text files folder/PREFIX.SRC and folder/PREFIX.TGT (PREFIX: the split's
+    name), each written atomically. Files already there are kept as they are (a resumed distillation then finds
+    the sources it recorded)."""
+    data = teacher.config.data
+    folder = Path(folder)
+    paths = folder / f"{prefix or split}.{data.src_lang}", folder / f"{prefix or split}.{data.tgt_lang}"
+    if not all(p.exists() for p in paths):
+        folder.mkdir(parents=True, exist_ok=True)
+        for path, lines in zip(paths, teacher.load_split(split).texts[split]):
+            with replace_atomically(path) as f:
+                f.writelines(line + "\n" for line in lines)
+    return paths
+
+
 def student_overrides(teacher, folder: str | Path) -> list[str]:
     """Dotted overrides that point a student recipe at a distilled `folder` (its train.SRC, train.TGT) with the
-    teacher's languages, validation and test files (absolute paths, so the student's data.dir can change)."""
+    teacher's languages, validation and test sets: the teacher's files (absolute paths, so the student's data.dir
+    can change), or, where the teacher's corpus is not a folder of files (a TSV file split by seed), its valid
+    and test splits written into `folder` (`write_split`)."""
     data = teacher.config.data
-    out = [f"data.dir={Path(folder).resolve()}", f"data.src_lang={data.src_lang}", f"data.tgt_lang={data.tgt_lang}",
-           "data.train_prefix=train"]
-    if data.dir:
+    out = [f"data.dir={Path(folder).resolve()}", "data.format=files", f"data.src_lang={data.src_lang}",
+           f"data.tgt_lang={data.tgt_lang}", "data.train_prefix=train"]
+    if data.format == "files":
+        if not data.dir:  # an imported model knows no corpus: the student's recipe (or --student-set) names them
+            return out
         base = Path(data.dir).resolve()
-        out += [f"data.valid_prefix={base / data.valid_prefix}", f"data.test_prefix={base / data.test_prefix}"]
-    return out
+        return out + [f"data.valid_prefix={base / data.valid_prefix}", f"data.test_prefix={base / data.test_prefix}"]
+    for split in ("valid", "test"):
+        write_split(teacher, split, folder)
+    return out + ["data.valid_prefix=valid", "data.test_prefix=test"]
 
 
 @dataclass

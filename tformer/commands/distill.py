@@ -10,8 +10,8 @@ from tformer.commands import common
 def add_parser(sub) -> None:
     sp = sub.add_parser("distill", help="a teacher translates a training corpus, for a student (knowledge distillation)",
                         description="Sequence-level knowledge distillation's corpus: the teacher (--checkpoint; give "
-                        "it several times for an ensemble, or an imported OPUS-MT folder) translates --src with the "
-                        "decoding flags (beam search: --beam 5), and --out gets train.SRC and train.TGT (the "
+                        "it several times for an ensemble, or an imported OPUS-MT folder) translates --src (by default its "
+                        "own training split) with the decoding flags (beam search: --beam 5), and --out gets train.SRC and train.TGT (the "
                         "checkpoint's languages), line by line. It resumes: chunks of --chunk-size lines are "
                         "written as they are done, and running the same command again goes on after the last one "
                         "written. With --ref (the corpus's target side) and --nbest N, the hypothesis of the N-best "
@@ -24,7 +24,9 @@ def add_parser(sub) -> None:
                         "train.en --ref train.de --beam 5 --out runs/distilled --student student_deep_shallow "
                         "--student-dir runs/student")
     sp.add_argument("--checkpoint", required=True, action="append", help=common.ENSEMBLE_HELP)
-    sp.add_argument("--src", required=True, help="the corpus's source side, one sentence per line (plain or gzip)")
+    sp.add_argument("--src", help="the corpus's source side, one sentence per line (plain or gzip); default: the "
+                    "teacher's own training split (its config's corpus, a TSV file's seeded split included), "
+                    "written to OUT/source.SRC and OUT/source.TGT, the latter the references")
     sp.add_argument("--ref", help="its target side, for --nbest selection")
     sp.add_argument("--out", required=True, help="the folder: train.SRC, train.TGT, distill.json, parts/")
     sp.add_argument("--chunk-size", type=int, default=10_000, metavar="N",
@@ -41,7 +43,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.distill import distill_corpus
+    from tformer.distill import distill_corpus, write_split
     from tformer.errors import ConfigError
 
     teacher = common.load_translator(args)
@@ -52,7 +54,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--student needs --student-dir, the student's run folder")
     if args.student_set and not args.student:
         raise ConfigError("--student-set sets the student's recipe: give --student RECIPE")
-    report = distill_corpus(teacher, args.src, args.out, references=args.ref, chunk_size=args.chunk_size,
+    src, ref = args.src, args.ref
+    if src is None:
+        if ref is not None:
+            raise ConfigError("--ref is the target side of --src: give --src too, or neither (the teacher's own "
+                              "training split)")
+        src, ref = write_split(teacher, "train", args.out, prefix="source")
+    report = distill_corpus(teacher, src, args.out, references=ref, chunk_size=args.chunk_size,
                             progress=args.progress)
     again = f" ({report.resumed_chunks} of {report.chunks} chunks from an earlier run)" if report.resumed_chunks else ""
     print(f"{report.sources}, {report.targets}: {report.lines:,} lines{again} in {report.seconds:.1f} s")
