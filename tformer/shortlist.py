@@ -245,10 +245,10 @@ class Restricted(NamedTuple):
 def restrict(model, cache, allowed: list[np.ndarray], vocab_size: int, multiple: int | None = None) -> Restricted:
     """The search over one batch in its columns (`Restricted`): `model`'s decode_step on the union of the
     sentences' `allowed` ids (one sorted id array per sentence, in the batch's order) and the four special ids,
-    padded with the lowest other ids to a multiple of `multiple` (COLUMN_MULTIPLE); each sentence's columns are -inf outside its
-    own list. A sentence's hypotheses are consecutive rows, as many for each (tformer.decode). The softmax and
-    every search rule then run over K columns instead of the whole vocabulary, as CTranslate2's search does with
-    its vocabulary map."""
+    padded with the lowest other ids to a multiple of `multiple` (default COLUMN_MULTIPLE); each sentence's
+    columns are -inf outside its own list. A sentence's hypotheses are consecutive rows, as many for each
+    (tformer.decode). The softmax and every search rule then run over K columns instead of the whole vocabulary,
+    as CTranslate2's search does with its vocabulary map."""
     union = np.unique(np.concatenate([np.arange(4, dtype=np.int64), *allowed]))
     pad = min(-len(union) % (multiple or COLUMN_MULTIPLE), vocab_size - len(union))
     if pad:
