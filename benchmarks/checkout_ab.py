@@ -92,10 +92,11 @@ def main() -> None:
                          f"{f'{args.sentences / b:.1f}' if b else 'n/a'} | {args.sentences / after:.1f} | "
                          f"{f'{b / after:.2f}x' if b else 'n/a'} | "
                          f"{' / '.join(f'{x:.2f}' for x in times[('after', precision, beam)])} |")
+    shortlist = f", shortlist {args.shortlist}" if args.shortlist else ""
     notes = (f"Checkpoint {args.checkpoint}; before: the checkout {args.before}; {args.sentences} Multi30k test2016 "
              f"sentences, batch {args.batch_size}, outputs up to {args.max_len} tokens, length penalty 0, "
-             f"{args.threads} threads{f', shortlist {args.shortlist}' if args.shortlist else ''}; each (checkout, precision) in a fresh process per round, {args.rounds} rounds "
-             "taking turns; n/a: the other checkout has no such precision.")
+             f"{args.threads} threads{shortlist}; each (checkout, precision) in a fresh process per round, "
+             f"{args.rounds} rounds taking turns; n/a: the other checkout has no such precision.")
     report("Decoding before and after a change, two checkouts taking turns", table, notes, args.record)
 
 

@@ -10,9 +10,9 @@ from tformer.commands import common
 def add_parser(sub) -> None:
     sp = sub.add_parser("distill", help="a teacher translates a training corpus, for a student (knowledge distillation)",
                         description="Sequence-level knowledge distillation's corpus: the teacher (--checkpoint; give "
-                        "it several times for an ensemble, or an imported OPUS-MT folder) translates --src (by default its "
-                        "own training split) with the decoding flags (beam search: --beam 5), and --out gets train.SRC and train.TGT (the "
-                        "checkpoint's languages), line by line. It resumes: chunks of --chunk-size lines are "
+                        "it several times for an ensemble, or an imported OPUS-MT folder) translates --src (by "
+                        "default its own training split) with the decoding flags (beam search: --beam 5), and --out "
+                        "gets train.SRC and train.TGT (the checkpoint's languages), line by line. It resumes: chunks of --chunk-size lines are "
                         "written as they are done, and running the same command again goes on after the last one "
                         "written. With --ref (the corpus's target side) and --nbest N, the hypothesis of the N-best "
                         "closest to the reference by sentence chrF is kept (the Firefox Translations pipeline's "
