@@ -95,6 +95,21 @@ def test_the_restricted_projection_is_the_full_projections_columns(form):
         restricted_linear(torch.nn.Embedding(3, 4), ids)
 
 
+def test_an_int8_layer_is_unpacked_once_and_again_after_its_weights_change():
+    torch.manual_seed(0)
+    layer = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(24, 50)), {torch.nn.Linear},
+                                                   dtype=torch.qint8)[0]
+    unpack, calls = layer._packed_params._weight_bias, []
+    layer._packed_params._weight_bias = lambda: calls.append(1) or unpack()
+    ids, x = torch.tensor([1, 5, 30]), torch.randn(4, 24)
+    with torch.inference_mode():
+        first, second = restricted_linear(layer, ids)(x), restricted_linear(layer, ids)(x)
+        assert len(calls) == 1 and torch.equal(first, second)
+        weight = torch.quantize_per_tensor(torch.randn(50, 24), 0.02, 0, torch.qint8)
+        layer.set_weight_bias(weight, torch.randn(50))  # new weights: the restricted rows follow them
+        assert torch.equal(restricted_linear(layer, ids)(x), layer(x)[:, ids]) and len(calls) == 2
+
+
 def test_a_model_step_with_a_restricted_output_gives_the_full_steps_columns():
     torch.manual_seed(1)
     model = build_model(tiny_config().model, 20, 20).eval()

@@ -7,11 +7,13 @@ Whatever form the generator has by then: a plain or tied nn.Linear (fp32, bf16, 
 library (tformer.model.matmul.PrepackedLinear: the rows run on the library it measured faster for the full
 shape, oneDNN's prepacked product or MKL's), or PyTorch's dynamic int8 Linear (decode.quantize=int8). The int8
 rows keep the full layer's weight scale, and the input is quantised per call as the full layer does it, so the
-restricted product equals the full one's columns. The rows are copied once per batch (K x D values), not per step.
+restricted product equals the full one's columns. The rows are copied once per batch (K x D values), not per step;
+an int8 layer's weights are unpacked once per layer (`_unpacked`), not per batch.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -26,7 +28,7 @@ Projection = Callable[[Tensor], Tensor]
 def restricted_linear(linear: nn.Module, ids: Tensor) -> Projection:
     """x (..., D) -> (..., K): `linear`'s outputs at the rows `ids` (K,) only."""
     if isinstance(linear, torch.ao.nn.quantized.dynamic.Linear):
-        weight, bias = linear._packed_params._weight_bias()
+        weight, bias = _unpacked(linear)
         packed = torch.ops.quantized.linear_prepack(weight.index_select(0, ids),
                                                     None if bias is None else bias.index_select(0, ids))
         reduce_range = linear.version is not None and linear.version >= 4  # as the layer's own forward
@@ -42,3 +44,16 @@ def restricted_linear(linear: nn.Module, ids: Tensor) -> Projection:
     if isinstance(linear, PrepackedLinear):  # the library the full layer measured faster, at each row count
         return Prepacked(weight, bias, linear.run.wins)
     return lambda x: F.linear(x, weight, bias)
+
+
+_UNPACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _unpacked(linear: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """A dynamic int8 Linear's (int8 weight, bias), unpacked from its prepacked form once per layer (a few
+    milliseconds for a 6000-row generator, which every batch paid before); again after set_weight_bias."""
+    packed = linear._packed_params._packed_params
+    seen = _UNPACKED.get(linear)
+    if seen is None or seen[0] is not packed:
+        seen = _UNPACKED[linear] = (packed, *linear._packed_params._weight_bias())
+    return seen[1], seen[2]
