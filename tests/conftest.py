@@ -17,6 +17,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
+# Every bf16/fp16 promise is checked on every machine: where the CPU has no units for a reduced precision (or
+# PyTorch's and oneDNN's dispatch is capped below them, as in tests/test_capped_isa.py), decoding in it is refused
+# to users, and allowed here, emulated: slow, the same numbers (tformer.precision.EMULATION_SWITCH).
+os.environ["TFORMER_EMULATED_PRECISION"] = "1"
+
 # Hypothesis profiles, for every test module (HYPOTHESIS_PROFILE picks one): `ci`, the default, is derandomized
 # so that a CI run is reproducible; `random` draws the same number of examples afresh each run (reproduce one
 # with --hypothesis-seed=N); `long` draws 20x as many.

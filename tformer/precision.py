@@ -8,13 +8,17 @@
                                             activations: with decode.precision=fp32 only
 
 Reduced precision needs units that compute in it: on a GPU, bf16 needs compute capability 8.0 (Ampere) or
-later; on a CPU, the flags in `CPU_UNITS`. Without them PyTorch still runs, emulating the format far slower
-than fp32 (`EMULATED`), so decoding refuses (a ConfigError naming the key and the missing flag) and training
-warns. With them a bf16 matrix product runs 2.5x (AVX-512 BF16) to 4x (AMX) as fast
-as fp32 on one core (benchmarks/RESULTS.md).
+later; on a CPU, the flags in `CPU_UNITS`, and kernels that use them: PyTorch's dispatch capped below AVX-512
+(ATEN_CPU_CAPABILITY=avx2) or oneDNN's (ONEDNN_MAX_CPU_ISA=AVX2) runs the AVX2 kernels whatever the CPU has
+(`dispatch_cap`). Without them PyTorch still runs, emulating the format far slower than fp32 (`EMULATED`), so
+decoding refuses (a ConfigError naming the key and the missing flag) and training warns. Emulation computes the
+same numbers: tests, not users, set TFORMER_EMULATED_PRECISION=1 to decode in bf16 on any CPU (`EMULATION_SWITCH`).
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 
@@ -54,14 +58,37 @@ def missing_cpu_units(precision: str, flags: set[str] | None = None) -> tuple[st
     return units
 
 
+# Tests set this to 1 so that decode.precision=bf16/fp16 runs where users are refused: the CPU's kernels then
+# emulate the format (slow, the same numbers), and every bf16 promise is checked on every machine.
+EMULATION_SWITCH = "TFORMER_EMULATED_PRECISION"
+
+
+@functools.lru_cache(maxsize=None)
+def dispatch_cap(precision: str) -> str | None:
+    """Why the kernels PyTorch and oneDNN dispatch to in this process cannot use a CPU's `precision` units
+    though /proc/cpuinfo has them (their own switches cap them); None when nothing caps them."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512"):
+        return f"PyTorch runs its {capability} kernels here (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')})"
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=DTYPES[precision]), None)
+        except RuntimeError:
+            return f"oneDNN has no {precision} kernels here (ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA')})"
+    return None
+
+
 def unsupported(precision: str, device: torch.device, flags: set[str] | None = None) -> str | None:
     """Why `device` has no native units for `precision` (a sentence naming what is missing); None when it has
     them, or for fp32."""
     if precision == "fp32":
         return None
     if device.type == "cpu":
+        flags = cpu_flags() if flags is None else flags
         missing = missing_cpu_units(precision, flags)
-        return None if missing is None else f"this CPU has no {' or '.join(missing)} (/proc/cpuinfo flags)"
+        if missing is not None:
+            return f"this CPU has no {' or '.join(missing)} (/proc/cpuinfo flags)"
+        return None if flags is None else dispatch_cap(precision)  # flags unreadable: nothing is claimed
     if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         major, minor = torch.cuda.get_device_capability(device)
         return f"this GPU (compute capability {major}.{minor}) has no bf16 units; they start with 8.0 (Ampere)"
@@ -75,7 +102,7 @@ def check_decode(precision: str, quantize: str, device: torch.device, flags: set
 
     DecodeConfig(precision=precision, quantize=quantize)  # its own check refuses bf16 with int8, by key
     why = unsupported(precision, device, flags)
-    if why:
+    if why and os.environ.get(EMULATION_SWITCH) != "1":
         raise ConfigError(f"config key 'decode.precision': {precision} on {device.type}: {why}; PyTorch would emulate "
                           f"{precision} far slower than fp32 ({EMULATED}). Use decode.precision=fp32"
                           + (" (or decode.quantize=int8 for speed)" if device.type == "cpu" else ""))

@@ -46,7 +46,12 @@ def dense_attention(
     scale: float | None = None,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T * scale + bias, masked) v, written out: the reference for every kernel."""
+    """softmax(q k^T * scale + bias, masked) v, written out: the reference for every kernel. In a reduced
+    precision on a CPU, without gradients, it computes in float64 and rounds once (`sums_in_fp64`)."""
+    if sums_in_fp64(q):
+        out, weights = dense_attention(q.double(), k.double(), v.double(), mask,
+                                       None if bias is None else bias.double(), dropout_p, scale, need_weights)
+        return out.to(q.dtype), (None if weights is None else weights.to(q.dtype))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bias = _like(bias, q)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, T, S)
@@ -58,6 +63,18 @@ def dense_attention(
     dropped = dropout(weights, dropout_p)
     out = torch.matmul(dropped, v)  # (B, H, T, Dh)
     return out, (weights if need_weights else None)
+
+
+# A sentence's result must not depend on its batch (tformer.inference), yet a batch decides how wide the padded
+# keys are and, below, which kernel runs. In float32 that moves a result in its last bits (~1e-7). In bf16 or fp16
+# every kernel rounds its intermediate sums to 8 (11) bits, in an order that depends on the padded width and the
+# kernel, so the same sentence alone and in a batch of 16 differed by ~1e-2 in log-probability, and an AVX2 CPU's
+# SDPA kernel changed greedy tokens. So in a reduced precision on a CPU, at inference, attention computes in
+# float64 (the dense kernel; padded keys add exact zeros) and rounds once to the model's format: the order of the
+# sums no longer shows in the result. Products of the weights (the linear layers) keep the reduced precision.
+def sums_in_fp64(q: Tensor) -> bool:
+    """Whether attention over `q` computes in float64: a bf16/fp16 query on a CPU, with gradients off."""
+    return q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu" and not torch.is_grad_enabled()
 
 
 # A decoding step's self-attention has 1 query per hypothesis and no mask: on a CPU, unmasked attention with
@@ -100,10 +117,11 @@ def sdpa_attention(
     else:  # beams folded into queries; never while tracing (an export's dynamic batch and lengths stay symbolic)
         few = (cpu and not torch.compiler.is_compiling() and 1 < q.shape[-2] < SDPA_CPU_MIN_QUERIES
                and q.shape[0] >= SDPA_CPU_FOLDED_ROWS)
-    if need_weights or (dropout_p > 0 and cpu) or few:
+    if need_weights or (dropout_p > 0 and cpu) or few or sums_in_fp64(q):
         # weights exist only in the dense kernel; with dropout on a CPU, torch 2.13 picks SDPA's MATH
         # backend (torch._fused_sdp_choice == SDPBackend.MATH): the dense kernel's computation, but with
-        # torch's slower dropout mask; and a decoding step's few queries run faster as two matmuls
+        # torch's slower dropout mask; a decoding step's few queries run faster as two matmuls; and a reduced
+        # precision on a CPU computes in float64 (sums_in_fp64)
         return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights)
     attn_mask, bias = mask, _like(bias, q)
     if bias is not None:
