@@ -238,6 +238,44 @@ def test_a_damaged_cache_entry_is_rebuilt_and_a_checkpoint_tokenizer_reuses_its_
     assert rebuilt.texts["valid"] == want_texts
 
 
+def test_a_cache_entry_whose_corpus_is_not_found_or_not_ours_is_left_as_it_is(corpus, tmp_path, monkeypatch,
+                                                                               caplog):
+    """Only an entry found inconsistent with itself beside corpus files that are there is rebuilt: with the files
+    out of reach (a relative data.dir read from another folder) the error names them and the entry keeps every
+    byte; an entry another tformer version wrote is left too, the corpus prepared in a temporary folder."""
+    monkeypatch.setenv("TFORMER_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "m30k"
+    data.mkdir()
+    for name in ("train.en.gz", "train.de.gz", "val.en.gz", "val.de.gz"):
+        (data / name).write_bytes((corpus / name).read_bytes())
+    first = load_task(_cfg(data), ("train", "valid"))
+    want = {s: list(e) for s, e in first.examples.items()}
+    load_task(_cfg(data), ("valid",), tokenizers=first.tokenizers)  # a checkpoint's: an entry of its own
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(tmp_path / "cache")): p.read_bytes()
+                for p in sorted((tmp_path / "cache").rglob("*")) if p.is_file()}
+
+    before = files()
+    assert sum(name.endswith("valid/00000.tok.npy") for name in before) == 2
+    data.rename(tmp_path / "moved")
+    with pytest.raises(DataError, match=r"neither .*m30k/train.en nor .*m30k/train.en.gz exists"):
+        load_task(_cfg(data), ("train", "valid"))
+    with pytest.raises(DataError, match=r"neither .*m30k/val.en nor .*m30k/val.en.gz exists"):
+        load_task(_cfg(data), ("valid",), tokenizers=first.tokenizers)  # an explorer's examples
+    assert files() == before
+    (tmp_path / "moved").rename(data)
+    manifest = first.examples["train"].folder.parent / "manifest.json"
+    m = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**m, "version": 99}))
+    before = files()
+    with caplog.at_level("WARNING", logger="tformer"):
+        again = load_task(_cfg(data), ("train", "valid"))
+    assert "newer than this tformer reads" in caplog.text and "for this process only" in caplog.text
+    assert {s: list(e) for s, e in again.examples.items()} == want
+    assert files() == before
+
+
 def test_data_prepared_checks_the_checkpoint_tokenizer(corpus, tmp_path):
     prepare(_cfg(corpus), tmp_path / "a", splits=("valid",))
     other = prepare(_cfg(corpus, vocab_size=200), tmp_path / "b", splits=("valid",))

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -446,10 +447,11 @@ def test_binding_beyond_loopback_without_a_key_warns(translator, caplog):
 # ------------------------------------------------------------------------------------------ the command
 
 
-def _start(*options: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tformer", "serve", "--checkpoint", str(CHECKPOINT), "--port", "0",
+def _start(*options: str, env: dict | None = None, checkpoint: Path = CHECKPOINT, cwd: Path | None = None
+           ) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tformer", "serve", "--checkpoint", str(checkpoint), "--port", "0",
                              *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, cwd=cwd)
     line = proc.stdout.readline()
     match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
     if not match:
@@ -502,3 +504,44 @@ def test_command_checks_its_options_takes_the_key_from_the_environment_and_stops
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_served_from_another_folder_with_the_corpus_out_of_reach_the_data_cache_is_left_as_it_was(
+        translator, tmp_path, monkeypatch):
+    """Issue 62. A run whose data.dir is relative (as recipes write it), its validation split encoded into the
+    cache from the folder it was trained in (the explorer's examples, read as the server reads them); then
+    `tformer serve` started from another folder with that cache, where data.dir names nothing. It starts,
+    translates as the library does, shows no example sentences, and every file of the cache entry is still
+    there, byte for byte: a cache entry whose corpus is not found is not damaged, and not the server's to remove."""
+    run, home, elsewhere, cache = tmp_path / "run", tmp_path / "train", tmp_path / "deploy", tmp_path / "cache"
+    shutil.copytree(CHECKPOINT, run)
+    config = run / "config.yaml"
+    text = config.read_text(encoding="utf-8")
+    assert "  dir: /tmp/fx/data\n" in text
+    config.write_text(text.replace("  dir: /tmp/fx/data\n", "  dir: corpus\n"), encoding="utf-8")
+    (home / "corpus").mkdir(parents=True)
+    elsewhere.mkdir()
+    (home / "corpus" / "valid.en").write_text("".join(f"{s}\n" for s in LINES[:8]), encoding="utf-8")
+    (home / "corpus" / "valid.de").write_text("".join(f"{s.upper()}\n" for s in LINES[:8]), encoding="utf-8")
+    with monkeypatch.context() as m:
+        m.chdir(home)
+        m.setenv("TFORMER_CACHE", str(cache))
+        assert tformer.load(run, device="cpu").load_split("valid").texts["valid"][0] == LINES[:8]
+    before = {p.relative_to(cache): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
+    assert any(p.parts[-2:] == ("valid", "00000.tok.npy") for p in before)  # the entry holds a valid/ shard
+
+    proc, url = _start(checkpoint=run, cwd=elsewhere, env={"TFORMER_CACHE": str(cache), "PYTHONPATH": str(ROOT)})
+    try:
+        status, out, _ = call(url, "/v1/translate", {"src": LINES[:3]})
+        assert status == 200 and [t["text"] for t in out["translations"]] == \
+            [t.text for t in translator.translate(LINES[:3])]
+        status, info, _ = call(url, "/api/info")
+        assert status == 200 and info["examples"] == []
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    after = {p.relative_to(cache): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
+    assert sorted(after) == sorted(before)
+    assert all(after[p] == before[p] for p in before)

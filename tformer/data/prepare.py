@@ -11,6 +11,12 @@ normalisation, the tokenizer settings or the given tokenizer, the filters, the s
 A folder with another corpus's manifest is refused; one with this corpus's manifest is continued (finished
 shards kept). Without `data.prepared`, training and evaluation prepare into the cache folder, named by the
 identity, so a corpus is prepared once per machine.
+
+Nothing in the cache is removed or rewritten unless its corpus files are there: a split whose files changed
+is encoded again, and an entry found damaged (tformer.data.prepared.DamagedCorpusError) is moved aside in one
+rename, removed and rebuilt. Corpus files that cannot be found (a run's relative data.dir read from another
+folder, a machine without the corpus) are an error, and the entry stays as it is; so does one that another
+tformer version wrote or that cannot be read (the corpus is then prepared in a temporary folder).
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipy
 from tformer.config import DataConfig
 from tformer.data.corpus import (NORMALIZATION, Corpus, FilterReport, _nul_byte, _open, filter_pairs, iter_lines,
                                   normalize)
-from tformer.data.prepared import (FORMAT, MANIFEST, VERSION, PreparedCorpus, load_tokenizers, read_manifest,
-                                   read_receipt, save_tokenizers, sha256_file, token_dtype,
+from tformer.data.prepared import (FORMAT, MANIFEST, VERSION, DamagedCorpusError, PreparedCorpus, load_tokenizers,
+                                   read_manifest, read_receipt, save_tokenizers, sha256_file, token_dtype,
                                    write_manifest, write_shard)
 from tformer.data.synthetic import SPLITS
 from tformer.data.tokenizer import Tokenizer
@@ -100,6 +106,12 @@ def file_info(path: Path) -> dict[str, Any]:
     if key not in _SEEN:
         _SEEN[key] = sha256_file(path)
     return {"name": path.name, "bytes": st.st_size, "sha256": _SEEN[key]}
+
+
+def source_inputs(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
+    """What a prepared split records of the files it was encoded from (`Source.inputs`); a DataError naming the
+    file when one is not there."""
+    return [file_info(p) for p in corpus_files(cfg, split)]
 
 
 def open_source(cfg: DataConfig, split: str) -> Source:
@@ -425,27 +437,65 @@ def prepared_corpus(cfg: DataConfig, splits: Iterable[str],
 
 def _prepare_cached(cfg: DataConfig, folder: Path, splits: list[str],
                     tokenizers: tuple[Tokenizer, Tokenizer] | None, progress: bool) -> PreparedCorpus:
+    """The cache entry `folder`, used as it is when it holds `splits` of the files `cfg` names, else continued or
+    rebuilt (see the module docstring)."""
+    inputs = {s: source_inputs(cfg, s) for s in splits}  # first: files not found leave the entry untouched
     try:
-        manifest = read_manifest(folder)
-        if manifest and all((manifest["splits"].get(s) or {}).get("complete") for s in splits):
-            corpus = PreparedCorpus.open(folder)
-            if all(corpus.manifest["splits"][s]["inputs"] == open_source(cfg, s).inputs for s in splits):
-                for s in splits:
-                    corpus.examples(s)  # every shard there and of its size
-                log.info("prepared corpus: %s", folder)
-                return corpus
-    except DataError as e:  # a damaged cache entry is rebuilt, not trusted
+        corpus = _cached(folder, splits, inputs)
+        if corpus is not None:
+            log.info("prepared corpus: %s", folder)
+            return corpus
+    except DamagedCorpusError as e:  # inconsistent with itself, and its corpus is at hand: rebuilt, not trusted
         log.warning("rebuilding the damaged cache entry %s (%s)", folder, e)
-        shutil.rmtree(folder, ignore_errors=True)
+        if not _discard(folder):
+            return prepare(cfg, _scratch(folder, "it could not be moved aside"), splits, tokenizers, progress)
+    except DataError as e:  # another version's, or unreadable: not ours to change
+        return prepare(cfg, _scratch(folder, str(e)), splits, tokenizers, progress)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        folder = Path(tempfile.mkdtemp(prefix="tformer-prepared-"))
-        atexit.register(shutil.rmtree, folder, True)
-        log.warning("could not prepare the corpus in the cache %s (%s); preparing it in %s for this process only "
-                    "(set TFORMER_CACHE to a writable folder, or use tformer prepare and data.prepared, to keep it)",
-                    cache_dir(), e.strerror or e, folder)
+        folder = _scratch(folder, e.strerror or str(e))
     return prepare(cfg, folder, splits, tokenizers, progress)
+
+
+def _cached(folder: Path, splits: list[str], inputs: dict[str, list[dict[str, Any]]]) -> PreparedCorpus | None:
+    """The entry at `folder` when every split in `splits` is complete, encoded from `inputs` and whole; None when
+    one is missing, unfinished or from other files (`prepare` continues it). DamagedCorpusError when the entry
+    disagrees with itself."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    entries = [manifest["splits"].get(s) or {} for s in splits]
+    if not manifest.get("tokenizer") and not any(e.get("complete") for e in manifest["splits"].values()):
+        return None  # stopped before its tokenizer was trained
+    corpus = PreparedCorpus.open(folder)
+    if not all(e.get("complete") and e.get("inputs") == inputs[s] for s, e in zip(splits, entries)):
+        return None
+    for s in splits:
+        corpus.examples(s)  # every shard there and of its size
+    return corpus
+
+
+def _discard(folder: Path) -> bool:
+    """Remove a cache entry: renamed aside first, so that an interruption leaves it whole or gone (never a
+    half-removed folder that looks like a corpus). False when it cannot be renamed (it is left as it is)."""
+    aside = folder.with_name(f".{folder.name}.removing-{os.getpid()}")
+    try:
+        os.replace(folder, aside)
+    except OSError:
+        return False
+    shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def _scratch(folder: Path, why: str) -> Path:
+    """A temporary folder to prepare in, for this process only, when the cache entry `folder` cannot be used."""
+    out = Path(tempfile.mkdtemp(prefix="tformer-prepared-"))
+    atexit.register(shutil.rmtree, out, True)
+    log.warning("could not prepare the corpus in the cache %s (%s); preparing it in %s for this process only "
+                "(set TFORMER_CACHE to a writable folder, or use tformer prepare and data.prepared, to keep it)",
+                folder, why, out)
+    return out

@@ -9,6 +9,11 @@
     DIR/{split}/{k:05d}.txt       the normalised text of each kept pair, 'source<TAB>target' per line
     DIR/{split}/{k:05d}.json      the shard's receipt, written last: counts, sizes and SHA-256 of its files
 
+A folder found inconsistent with itself (a manifest that is not JSON, a tokenizer or a shard that disagrees
+with its record) raises DamagedCorpusError: the one error after which the cache may rebuild an entry
+(tformer.data.prepare). A file that cannot be read, or a manifest of another format or a newer version, is
+a plain DataError: the folder may be whole, and it is left as it is.
+
 Shard k holds raw pairs k x shard_size ... (k + 1) x shard_size - 1 of its split (training pairs filtered).
 A shard counts only once its receipt exists and its files have the sizes the receipt gives; every file is
 written under a temporary name and renamed into place, so an interrupted `tformer prepare` leaves finished
@@ -40,6 +45,10 @@ from tformer.files import replace_atomically
 FORMAT = "tformer-prepared"
 VERSION = 1
 MANIFEST = "manifest.json"
+
+
+class DamagedCorpusError(DataError):
+    """A prepared corpus folder that disagrees with itself (its manifest, receipts, shards, tokenizers)."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -130,17 +139,20 @@ class MappedArray:
                 size = os.fstat(f.fileno()).st_size
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except FileNotFoundError:
-            raise DataError(f"{path} is missing: the prepared corpus is incomplete; run `tformer prepare` "
-                            "with the same settings again to rebuild it") from None
-        except (OSError, ValueError) as e:
-            raise DataError(f"{path} is not a readable .npy file ({e}); the prepared corpus is damaged: run "
-                            "`tformer prepare` with the same settings again to rebuild it") from None
+            raise DamagedCorpusError(f"{path} is missing: the prepared corpus is incomplete; run `tformer prepare` "
+                                     "with the same settings again to rebuild it") from None
+        except ValueError as e:
+            raise DamagedCorpusError(f"{path} is not a readable .npy file ({e}); the prepared corpus is damaged: "
+                                     "run `tformer prepare` with the same settings again to rebuild it") from None
+        except OSError as e:
+            raise DataError(f"{path} cannot be read ({e.strerror or e}); check the folder's permissions and "
+                            "the disk") from None
         need = offset + int(np.prod(shape, dtype=np.int64)) * file_dtype.itemsize
         if fortran or len(shape) != ndim or (dtype is not None and file_dtype != dtype) or size < need:
             why = (f"{size} bytes where its header needs {need} (truncated)" if size < need
                    else f"dtype {file_dtype} shape {shape}, expected {dtype} with {ndim} dimension(s)")
-            raise DataError(f"{path}: {why}; the prepared corpus is damaged: run `tformer prepare` with the "
-                            "same settings again to rebuild it")
+            raise DamagedCorpusError(f"{path}: {why}; the prepared corpus is damaged: run `tformer prepare` with "
+                                     "the same settings again to rebuild it")
         if self._mm is not None:
             self._mm.madvise(mmap.MADV_RANDOM)  # batches read scattered pairs: no read-ahead
         self.array = (np.frombuffer(self._mm, dtype=file_dtype, count=int(np.prod(shape)), offset=offset)
@@ -173,9 +185,10 @@ class ShardedExamples(Sequence):
             n, tokens = len(shard.lengths), shard.tokens.array.size
             if n != receipt["pairs"] or len(shard.offsets.array) != n or tokens != receipt["tokens"] or (
                     n and int(shard.offsets.array[-1]) + int(shard.lengths[-1].astype(np.int64).sum()) != tokens):
-                raise DataError(f"{folder / f'{k:05d}.json'}: the shard's files disagree with it and with each other "
-                                f"({n} pairs, {tokens} tokens; receipt: {receipt['pairs']} and {receipt['tokens']}); "
-                                "run `tformer prepare` with the same settings again to rebuild it")
+                raise DamagedCorpusError(
+                    f"{folder / f'{k:05d}.json'}: the shard's files disagree with it and with each other ({n} pairs, "
+                    f"{tokens} tokens; receipt: {receipt['pairs']} and {receipt['tokens']}); run `tformer prepare` "
+                    "with the same settings again to rebuild it")
             self._shards.append(shard)
         self._starts = np.cumsum([0] + [len(s.lengths) for s in self._shards]).tolist()
         self._lengths = (np.concatenate([s.lengths for s in self._shards]) if self._shards
@@ -256,9 +269,10 @@ class PreparedCorpus:
         for k in range(entry["shards"]):
             receipt = read_receipt(folder, k)
             if receipt is None:
-                raise DataError(f"{folder / f'{k:05d}.json'}: shard {k} of '{split}' is missing or incomplete (its "
-                                "receipt is absent, or a file's size differs from it); run `tformer prepare` with "
-                                "the same settings again to rebuild it")
+                raise DamagedCorpusError(
+                    f"{folder / f'{k:05d}.json'}: shard {k} of '{split}' is missing or incomplete (its receipt is "
+                    "absent, or a file's size differs from it); run `tformer prepare` with the same settings again "
+                    "to rebuild it")
             receipts.append(receipt)
         return ShardedExamples(folder, receipts, np.dtype(self.manifest["dtype"]))
 
@@ -270,13 +284,19 @@ class PreparedCorpus:
             path = self.path / split / f"{k:05d}.txt"
             try:
                 lines = path.read_text(encoding="utf-8").splitlines()
-            except (OSError, UnicodeDecodeError) as e:
-                raise DataError(f"{path} cannot be read ({e}); run `tformer prepare` again to rebuild it") from None
+            except FileNotFoundError:
+                raise DamagedCorpusError(f"{path} is missing; run `tformer prepare` again to rebuild it") from None
+            except UnicodeDecodeError as e:
+                raise DamagedCorpusError(f"{path} cannot be read ({e}); run `tformer prepare` again to rebuild "
+                                         "it") from None
+            except OSError as e:
+                raise DataError(f"{path} cannot be read ({e.strerror or e}); check the folder's permissions and "
+                                "the disk") from None
             for n, line in enumerate(lines, 1):
                 s, tab, t = line.partition("\t")
                 if not tab:
-                    raise DataError(f"{path}, line {n}: no tab between source and target; the prepared corpus is "
-                                    "damaged: run `tformer prepare` again to rebuild it")
+                    raise DamagedCorpusError(f"{path}, line {n}: no tab between source and target; the prepared "
+                                             "corpus is damaged: run `tformer prepare` again to rebuild it")
                 src.append(s)
                 tgt.append(t)
         return src, tgt
@@ -325,8 +345,8 @@ def load_tokenizers(path: Path, manifest: dict[str, Any]) -> tuple[Tokenizer, To
     info = manifest.get("tokenizer") or {}
     names = info.get("files")
     if not names:
-        raise DataError(f"{path / MANIFEST} names no tokenizer: the prepare stopped before training it; run "
-                        "`tformer prepare` with the same settings again")
+        raise DamagedCorpusError(f"{path / MANIFEST} names no tokenizer: the prepare stopped before training it; "
+                                 "run `tformer prepare` with the same settings again")
     pieces = info.get("kind", "subword") == "pieces"
 
     def load(name: str) -> Tokenizer:
@@ -335,18 +355,25 @@ def load_tokenizers(path: Path, manifest: dict[str, Any]) -> tuple[Tokenizer, To
             return PieceTableTokenizer.load(path, side, Vocab.load(path / f"vocab.{side}.txt"))
         return SubwordTokenizer.load(path / name)
 
-    src = load(names[0])
-    tgt = src if names[1] == names[0] else load(names[1])
+    try:
+        src = load(names[0])
+        tgt = src if names[1] == names[0] else load(names[1])
+    except DamagedCorpusError:
+        raise
+    except DataError as e:  # a file the manifest names, missing or not a tokenizer
+        raise DamagedCorpusError(f"{e}; the prepared corpus {path} is damaged: run `tformer prepare` again into "
+                                 "a new folder") from None
     for tok, name, fp in zip((src, tgt), names, info["fingerprints"]):
         if tok.fingerprint() != fp:
-            raise DataError(f"{path / name} is not the tokenizer the corpus was encoded with (its SHA-256 differs "
-                            f"from {MANIFEST}'s); the folder was changed: run `tformer prepare` again into a new one")
+            raise DamagedCorpusError(f"{path / name} is not the tokenizer the corpus was encoded with (its SHA-256 "
+                                     f"differs from {MANIFEST}'s); the folder was changed: run `tformer prepare` "
+                                     "again into a new one")
     limit = np.iinfo(np.dtype(manifest["dtype"])).max + 1
     for tok, name in zip((src, tgt), names):
         if len(tok.vocab) > limit:
-            raise DataError(f"{path / name}: {len(tok.vocab)} pieces do not fit the corpus's {manifest['dtype']} "
-                            f"token ids (at most {limit}); the folder mixes files of different corpora: run "
-                            "`tformer prepare` again into a new folder")
+            raise DamagedCorpusError(f"{path / name}: {len(tok.vocab)} pieces do not fit the corpus's "
+                                     f"{manifest['dtype']} token ids (at most {limit}); the folder mixes files of "
+                                     "different corpora: run `tformer prepare` again into a new folder")
     return src, tgt
 
 
@@ -359,8 +386,12 @@ def read_manifest(path: Path, fmt: str = FORMAT, keys: tuple[tuple[str, type], .
         return None
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{file} cannot be read ({e}); remove the folder and run `tformer prepare` again") from None
+    except OSError as e:
+        raise DataError(f"{file} cannot be read ({e.strerror or e}); check the folder's permissions and the "
+                        "disk") from None
+    except ValueError as e:  # written whole or not at all (replace_atomically): changed since
+        raise DamagedCorpusError(f"{file} cannot be read ({e}); remove the folder and run `tformer prepare` "
+                                 "again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != fmt:
         raise DataError(f"{file} is not a tformer prepared-corpus manifest (no format '{fmt}'); choose "
                         "another folder")
@@ -369,8 +400,8 @@ def read_manifest(path: Path, fmt: str = FORMAT, keys: tuple[tuple[str, type], .
                         f"({VERSION}); upgrade tformer")
     for key, kind in keys:
         if not isinstance(manifest.get(key), kind):
-            raise DataError(f"{file}: '{key}' is missing or not a {kind.__name__}; the file is damaged: remove the "
-                            "folder and run `tformer prepare` again")
+            raise DamagedCorpusError(f"{file}: '{key}' is missing or not a {kind.__name__}; the file is damaged: "
+                                     "remove the folder and run `tformer prepare` again")
     return manifest
 
 
