@@ -1,23 +1,92 @@
 """Documents through the API, the command line and the server (tformer.documents), against oracles: a
 paragraph translates as its sentences do one by one, put back between its own whitespace; every HTML fixture
-translated by a real model keeps its tag multiset and its pass-through content; a glossary's terms become the
-constraints that sentence-level translate takes; /v1/translate, LibreTranslate's /translate (text and html,
-its client's form) and `tformer translate` answer what the library does; bad glossaries and requests are
-refused naming the line or field."""
+translated by a real model keeps its tag multiset and its pass-through content; where tags land is checked
+on a stub translator whose word-reversal translations and alignments are known (WordReversal), the expected
+HTML written out by hand, through the library and through a live server's LibreTranslate endpoint, and the
+word alignment on hand-made attention; a glossary's terms become the constraints that sentence-level
+translate takes; /v1/translate, LibreTranslate's /translate (text and html, its client's form) and `tformer
+translate` answer what the library does; bad glossaries and requests are refused naming the line or field."""
 
+import contextlib
 import subprocess
 import sys
+import threading
+import time
 import urllib.parse
 
+import numpy as np
 import pytest
 
 import tformer
 from test_markup import FIXTURES, _passed, _read, _tags
 from test_serve import CHECKPOINT, LINES, call, live
-from tformer.documents import Glossary, line_spans, prepare, translate_documents, word_alignment, word_of
+from tformer.documents import (Glossary, line_spans, prepare, translate_documents, word_alignment, word_attention,
+                               word_of)
 from tformer.documents.sentences import split_sentences
 from tformer.errors import ConfigError, DataError
+from tformer.explore import Explorer
+from tformer.inspection import AttentionMaps
 from tformer.results import Hypothesis, Translation
+from tformer.serve import Server, Settings
+
+
+def _pieces(word: str) -> list[str]:
+    """SentencePiece-like pieces of one word: '▁' and its first three characters, then three at a time."""
+    return ["▁" + word[:3]] + [word[k:k + 3] for k in range(3, len(word), 3)]
+
+
+class WordReversal:
+    """A stub Translator whose translations are known without the code under test: hypothesis 0 of a
+    sentence is its words reversed and upper-cased (target word j <- source word n-1-j), hypothesis 1 (with
+    nbest > 1) its words in order, upper-cased (word i <- word i). Words come in several pieces each, and
+    each target piece is aligned to its source word's piece at the same place (or the word's last). As
+    Translator.translate does, it gives that hard alignment when asked for `alignment`, and with
+    `return_attention` cross-attention maps: each target piece's query puts half its weight on that source
+    piece and spreads the rest over every key, </s> included, in every layer and head. The rest (config,
+    tokenizers: what a server reads) is the real translator's."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def translate(self, sentences, *, nbest=None, alignment=False, return_attention=False, **options):
+        out = []
+        for sentence in sentences:
+            words = sentence.split()
+            source = [p for w in words for p in _pieces(w)]
+            first = [sum(len(_pieces(w)) for w in words[:i]) for i in range(len(words))]
+            orders = [list(reversed(range(len(words)))), list(range(len(words)))][:max(nbest or 1, 1)]
+            hyps = []
+            for order in orders:
+                tokens, pairs = [], []
+                for i in order:
+                    target = _pieces(words[i].upper())
+                    n = len(_pieces(words[i]))
+                    pairs += [(first[i] + min(k, n - 1), len(tokens) + k) for k in range(len(target))]
+                    tokens += target
+                cross = np.full((len(tokens) + 1, len(source) + 1), 0.5 / (len(source) + 1))  # (T + 1, S + 1)
+                cross[len(tokens)] *= 2  # </s>'s query: spread only
+                for i, j in pairs:
+                    cross[j, i] += 0.5
+                maps = AttentionMaps(source + ["</s>"], ["<s>"] + tokens, tokens + ["</s>"],
+                                     {"cross": np.broadcast_to(cross, (2, 4, *cross.shape)).copy()})
+                text = " ".join(words[i].upper() for i in order)
+                hyps.append(Hypothesis(text, tokens, 0.0, maps if return_attention else None,
+                                       pairs if alignment else None))
+            out.append(Translation(source, hyps))
+        return out
+
+
+# Several sentences in each block, tags on words of the first, second and last sentence of a block. Each
+# tag's expected target words, read off the reversal by hand: "The red dog runs." -> "RUNS. DOG RED THE".
+PLACED = ('<p>The <b>red</b> dog runs. A small <i>man</i> sings!</p>\n<ul><li>Two <a href="/w">women</a> wait. '
+          'The <em>old</em> dog sleeps on <b>a green</b> bench.</li></ul>')
+REVERSED = ('<p>RUNS. DOG <b>RED</b> THE SINGS! <i>MAN</i> SMALL A</p>\n<ul><li>WAIT. <a href="/w">WOMEN</a> TWO '
+            'BENCH. <b>GREEN A</b> ON SLEEPS DOG <em>OLD</em> THE</li></ul>')
+IN_ORDER = ('<p>THE <b>RED</b> DOG RUNS. A SMALL <i>MAN</i> SINGS!</p>\n<ul><li>TWO <a href="/w">WOMEN</a> WAIT. '
+            'THE <em>OLD</em> DOG SLEEPS ON <b>A GREEN</b> BENCH.</li></ul>')
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +161,28 @@ def test_pieces_map_to_whitespace_words_and_alignments_to_word_pairs():
     assert word_alignment(t) == [(0, 0), (1, 1)]
 
 
+def test_a_source_word_is_paired_with_the_target_word_that_attends_to_it_most_over_layers_and_heads():
+    """Hand-made attention where each shortcut picks another word: the rows (a piece's argmax: Ein -> dog),
+    the sum over a target word's pieces (Hund's two pieces outweigh läuft on 'runs'), the last layer alone or
+    the first head alone (both put 'runs' on Hund), and the </s> query (all on 'A')."""
+    src, tgt = ["▁A", "▁do", "g", "▁runs"], ["▁Ein", "▁Hu", "nd", "▁läuft"]
+    base = np.array([[0.40, 0.45, 0.05, 0.05, 0.05],   # Ein     keys: A do g runs </s>
+                     [0.05, 0.30, 0.30, 0.30, 0.05],   # Hu
+                     [0.05, 0.30, 0.30, 0.30, 0.05],   # nd
+                     [0.10, 0.05, 0.05, 0.35, 0.45],   # läuft
+                     [0.90, 0.00, 0.00, 0.00, 0.10]])  # </s>
+    cross = np.stack([np.stack([base.copy(), base.copy()]) for _ in range(2)])  # (layers, H, T + 1, S + 1)
+    for layer, head, change in [(0, 0, -0.05), (0, 1, -0.25), (1, 0, 0.25), (1, 1, 0.05)]:
+        cross[layer, head, 1:3, 3] += change  # Hund -> runs: 0.30 on average, 0.45 in the last layer
+    maps = AttentionMaps(src + ["</s>"], ["<s>"] + tgt, tgt + ["</s>"], {"cross": cross})
+    rows = [(1, 0), (1, 1), (1, 2), (3, 3)]  # each target piece's argmax source piece
+    t = Translation(src, [Hypothesis("Ein Hund läuft", tgt, 0.0, maps, rows)])
+    assert np.allclose(word_attention(t), [[0.40, 0.50, 0.05], [0.05, 0.60, 0.30], [0.10, 0.10, 0.35]])
+    assert word_alignment(t) == [(0, 0), (1, 1), (2, 2)]
+    hard = Translation(src, [Hypothesis("Ein Hund läuft", tgt, 0.0, None, rows)])
+    assert word_alignment(hard) == [(1, 0), (1, 1), (2, 2)]  # without maps: the hard alignment's word pairs
+
+
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
 def test_every_html_fixture_translated_by_a_model_keeps_its_tags_and_pass_through_content(translator, fixture):
     html = fixture.read_text(encoding="utf-8")
@@ -110,6 +201,50 @@ def test_html_needs_one_models_alignments():
     pair = tformer.load([CHECKPOINT, CHECKPOINT], device="cpu")
     with pytest.raises(ConfigError, match="ensemble"):
         translate_documents(pair, ["<p>man runs</p>"], format="html")
+
+
+def test_tags_land_on_the_words_their_source_words_were_aligned_to_in_every_sentence_of_a_block(translator,
+                                                                                                 monkeypatch):
+    stub = WordReversal(translator)
+    doc = prepare(PLACED, "html")
+    assert [len(spans) for _, spans in doc.parts] == [2, 2]  # two blocks of two sentences: offsets matter
+    assert translate_documents(stub, [PLACED], format="html") == [REVERSED]  # from the attention maps
+    texts = [PLACED, "", "<p>man <b>runs</b> fast</p>", PLACED]
+    want = [REVERSED, "", "<p>FAST <b>RUNS</b> MAN</p>", REVERSED]
+    assert translate_documents(stub, texts, format="html") == want
+    monkeypatch.setattr(tformer.documents, "HTML_CHUNK", 3)  # texts in groups of about 3 sentences
+    assert translate_documents(stub, texts, format="html") == want
+    for given in ({"return_attention": True}, {"alignment": True}):  # and from the hard piece alignment
+        two = stub.translate(doc.sentences, nbest=2, **given)
+        assert doc.assemble(two, 0) == REVERSED
+        assert doc.assemble(two, 1) == IN_ORDER
+
+
+@contextlib.contextmanager
+def _serving(stub, **settings):
+    """A live in-process server (as test_serve.live) translating with `stub`; its explorer page keeps the real
+    translator, which it needs whole."""
+    server = Server(stub, "127.0.0.1", 0, Settings(**settings), explorer=Explorer(stub.real))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield server.url.rstrip("/")
+    finally:
+        server.stop()
+        thread.join(30)
+
+
+def test_libretranslate_html_places_tags_where_the_alignments_put_them(translator):
+    with _serving(WordReversal(translator), max_sentences=16) as url:
+        status, out, _ = _libre_form(url, PLACED, format="html")
+        assert status == 200 and out["translatedText"] == REVERSED
+        status, out, _ = _libre_form(url, PLACED, format="html", alternatives=1)
+        assert status == 200 and out["translatedText"] == REVERSED and out["alternatives"] == [IN_ORDER]
+        status, out, _ = call(url, "/translate", {"q": [PLACED, "<p>man <b>runs</b> fast</p>"], "source": "en",
+                                                  "target": "de", "format": "html"})
+        assert status == 200 and out["translatedText"] == [REVERSED, "<p>FAST <b>RUNS</b> MAN</p>"]
 
 
 def test_the_server_takes_constraints_and_a_repetition_penalty_as_the_library_does(translator):

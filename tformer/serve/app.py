@@ -36,6 +36,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tformer.api import Translation, Translator
+from tformer.documents import HTML_OPTIONS
 from tformer.errors import ConfigError, TformerError
 from tformer.serve import libretranslate
 from tformer.serve.batcher import Batcher, Job
@@ -213,6 +214,8 @@ class Service:
             constraints = [c for r in reqs for c in (r.constraints if r.constraints is not None else
                                                      [None] * len(r.sources))]
         options = {"alignment": True} if first.alignment else {}
+        if first.attention:
+            options.update(HTML_OPTIONS)
         out = self.translator.translate(sources, beam=first.beam, nbest=first.nbest, prefix=prefixes,
                                         batch_size=self.settings.batch_tokens, batch_type="tokens",
                                         cancelled=abandoned(jobs), constraints=constraints,

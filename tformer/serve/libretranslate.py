@@ -131,8 +131,8 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
     if not sources:  # nothing but whitespace and markup: nothing for the model
         sources, widths = [""], [1]
     constraints = constraints_field(None, sources, translator, settings, decode, "q")
-    alignment = form == "html"
-    request = TranslateRequest(sources, None, beam, nbest, alignment, decode, widths, settings.timeout, constraints)
+    request = TranslateRequest(sources, None, beam, nbest, False, decode, widths, settings.timeout, constraints,
+                               attention=form == "html")
     return Asked(request, prepared, as_list, alternatives)
 
 

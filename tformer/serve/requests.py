@@ -269,11 +269,12 @@ class TranslateRequest:
     widths: list[int]  # source pieces + </s> per sentence: what the batch's token budget counts
     timeout: float  # seconds it may wait for its answer
     constraints: list[list[str]] | None = None  # per source, the target phrases it must hold (glossary included)
+    attention: bool = False  # each hypothesis' attention maps: what HTML's tags are placed by (tformer.documents)
 
     @property
-    def key(self) -> tuple[DecodeConfig, bool] | None:
+    def key(self) -> tuple[DecodeConfig, bool, bool] | None:
         """Requests with equal keys may be decoded together; None: alone (sampling seeds by batch position)."""
-        return None if self.decode.strategy == "sample" else (self.decode, self.alignment)
+        return None if self.decode.strategy == "sample" else (self.decode, self.alignment, self.attention)
 
 
 @dataclass(frozen=True)
