@@ -50,6 +50,20 @@ def pytest_configure(config):
         raise pytest.UsageError(f"TFORMER_TEST_DEVICE={TEST_DEVICE} but PyTorch sees no CUDA device here")
 
 
+# The longest test files first. Under `-n auto` (with --dist loadfile and --no-loadscope-reorder in pyproject.toml)
+# pytest-xdist hands whole files to the workers in collection order; by default it sorts them by how many tests
+# they hold, so the documentation build (one file of a few tests, minutes of work) started last and the other
+# worker sat idle at the end. Longest first, the short files fill in around them. Ordered by the slowest tests of
+# fresh-clone runs (`--durations`, benchmarks/RESULTS.md); the rest keep their order.
+LONGEST_FIRST = ["test_docs.py", "test_readme.py", "test_faults.py", "test_train_modes.py", "test_capped_isa.py",
+                 "test_export.py", "test_distributed.py", "test_speech.py", "test_documents.py", "test_install.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+
+
 def on_device(model):
     """`model` on TEST_DEVICE (its eval/train mode kept)."""
     return model.to(TEST_DEVICE)

@@ -1,8 +1,8 @@
 """Dynamic int8 inference on a CPU (`decode.quantize: int8`), with PyTorch's own quantization.
 
 Every linear layer (attention projections, FFN, generator) gets int8 weights, one scale per tensor, and
-quantizes its input on the fly, one scale per call: fbgemm's int8 matrix multiply then runs about 2.5x faster
-than fp32 on an AVX2 CPU. Embeddings, LayerNorm and attention itself stay fp32. The activation scale is taken
+quantizes its input on the fly, one scale per call, and fbgemm multiplies in int8 (what that gains over fp32
+depends on the model and the CPU: benchmarks/RESULTS.md measures whole decodings). Embeddings, LayerNorm and attention itself stay fp32. The activation scale is taken
 over the whole batch, so unlike fp32 decoding an int8 output can change (slightly) with the sentences it is
 batched with; the BLEU change is reported in benchmarks/RESULTS.md. Loading reaches it through the shared
 precision policy (tformer.precision.for_inference), which refuses it together with bf16/fp16 weights.
