@@ -3,6 +3,7 @@
     python benchmarks/mutation.py                       # every module below, one after another
     python benchmarks/mutation.py masks decode --jobs 2 # some modules; 2 mutants at a time
     python benchmarks/mutation.py --record              # append the table to benchmarks/RESULTS.md
+    python benchmarks/mutation.py decode --again --match x_sample__mutmut_4  # rerun one survivor after a new test
 
 For each module, a scratch copy of the package and the tests is made under build/mutation/<module>/, with a
 `[tool.mutmut]` section naming the file(s) to mutate and the test files to run. mutmut collects which test
@@ -65,7 +66,7 @@ TARGETS = [
             "tests/test_blocks.py::test_qk_norm_attention_is_its_formula")),
     Target("decode", ("tformer/decode/*",),
            ("tests/test_search.py", "tests/test_decode.py", "tests/test_beam.py", "tests/test_decode_kernels.py",
-            "tests/test_prefix.py")),
+            "tests/test_prefix.py", "tests/test_constraints.py", "tests/test_shortlist.py")),
     Target("act", ("tformer/model/act.py",),
            ("tests/test_act.py", "tests/test_universal.py", "tests/test_universal_graph.py")),
     Target("loss", ("tformer/training/loss.py",),
@@ -80,6 +81,8 @@ TARGETS = [
            ("tests/test_specaugment.py",
             "tests/test_speech_frontend.py::test_spec_augment_masks_stay_in_bounds_and_are_seeded",
             "tests/test_speech_frontend.py::test_training_with_spec_augment_resumes_exactly_and_evaluation_never_masks")),
+    Target("markup", ("tformer/documents/markup.py",),
+           ("tests/test_markup.py", "tests/test_documents.py")),
     Target("metrics", ("tformer/metrics.py",),
            ("tests/test_metrics.py", "tests/test_bleu_lowercase.py", "tests/test_translation.py",
             "tests/test_wmt14.py")),
@@ -171,11 +174,12 @@ def results(work: Path) -> dict[str, str]:
 
 
 def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bool, report_only: bool,
-               sample: int) -> dict:
+               sample: int, match: tuple[str, ...] = ()) -> dict:
     """Mutate and test one target. With `again`, keep the last run's verdicts and run only the mutants it did not
     kill (or killed by timing out), against the tests as they are now (tests are only ever added or
     strengthened, so a killed mutant stays killed). With `sample` (and `again`, or `report_only`), only a
-    uniform random sample of that many mutants (seed 0) is run and scored."""
+    uniform random sample of that many mutants (seed 0) is run and scored. With `match` (and `again`), only the
+    mutants whose names contain one of those strings are run again; the others keep their last verdicts."""
     work = WORK / target.name
     names: list[str] = []
     chosen = None
@@ -186,7 +190,8 @@ def run_target(target: Target, jobs: int, equivalent: dict[str, dict], again: bo
         pass
     elif again and (work / "mutants").exists():
         names = [n for n, status in results(work).items()  # timeouts are tried again
-                 if status != "killed" and (chosen is None or n in chosen)]
+                 if status != "killed" and (chosen is None or n in chosen)
+                 and (not match or any(m in n for m in match))]
         write_pyproject(work, target)
         for part in ("tests", "mutants/tests"):
             shutil.rmtree(work / part)
@@ -246,6 +251,9 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="run nothing: tabulate the last runs' verdicts")
     ap.add_argument("--sample", type=int, default=0,
                     help="with --again or --report: run and score a uniform random sample of N mutants (seed 0)")
+    ap.add_argument("--match", action="append", default=[], metavar="TEXT",
+                    help="with --again: rerun only the mutants whose names contain TEXT (repeatable), e.g. the "
+                         "survivors a new test is written for")
     ap.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
     by_name = {t.name: t for t in TARGETS}
@@ -257,7 +265,7 @@ def main() -> None:
     table = ["| module | files | mutants | killed (of which timed out) | equivalent | survived | no test reaches | score "
              "| minutes |", "|---|---|---|---|---|---|---|---|---|"]
     for target in targets:
-        c = run_target(target, args.jobs, equivalent, args.again, args.report, args.sample)
+        c = run_target(target, args.jobs, equivalent, args.again, args.report, args.sample, tuple(args.match))
         table.append(f"| {target.name} | {', '.join(target.mutate)} | {c['sampled']} | {c['killed']} ({c['timeout']}) | "
                      f"{c['equivalent']} | {c['survived']} | {c['no tests']} | {100 * c['score']:.1f}%"
                      + (f" ± {100 * c['margin']:.1f}" if c["margin"] else "") + " | "

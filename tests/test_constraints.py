@@ -246,3 +246,14 @@ def test_a_constraint_the_other_rules_rule_out_gives_an_empty_output_scored_minu
     got = v1.translate(LINES[:2], beam=3, constraints=[["MAN MAN"], None], no_repeat_ngram=1)
     assert got[0].text == "" and got[0].score == float("-inf") and "no output satisfies" in caplog.text
     assert got[1].text == v1.translate(LINES[1:2], beam=3, no_repeat_ngram=1)[0].text
+
+
+def test_progress_is_the_tokens_of_the_shortest_completion_already_made():
+    """The bank of a candidate token: D (the shortest output holding every phrase, here 3 for 5 6 7) minus the
+    tokens that output still needs after it; the higher, the nearer done. A sentence without phrases: 0."""
+    prefix = torch.tensor([[-1], [5], [-1]])  # the second sentence's prefix has begun the phrase already
+    rule, _ = Constraints.of([[[5, 6, 7]], [[5, 6, 7]], None], prefix, torch.tensor([6, 6, 6]), (0, BOS, EOS))
+    progress = rule.progress(torch.tensor([[5, 6, 9]] * 3))
+    assert progress.tolist() == [[1, 0, 0],   # 5 begins the phrase; 6 or 9 leave it all still to do
+                                 [1, 2, 0],   # after 5: 5 again begins it anew, 6 goes on with it
+                                 [0, 0, 0]]

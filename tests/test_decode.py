@@ -236,3 +236,11 @@ def test_top_p_keeps_the_minimal_prefix_whose_float32_sum_reaches_p(weights, dat
         return
     n = next((k + 1 for k, s in enumerate(sums) if s >= np.float32(p)), len(order))
     assert sorted(_kept(top_p_mask(torch.from_numpy(probs)[None], p))) == sorted(order[:n])
+
+
+def test_top_p_of_one_filters_nothing_even_where_the_float32_sum_reaches_one_early():
+    # the sorted probabilities' float32 cumulative sum is 1.0 before the least probable token, yet top_p = 1.0
+    # (off) keeps every token: filter_logits is then the plain log-softmax
+    logits = torch.tensor([[10.0, 0.0, -30.0]])
+    assert logits.softmax(-1).sort(descending=True).values.cumsum(-1)[0, -2] >= 1.0
+    assert torch.equal(filter_logits(logits, 1.0, 0, 1.0), torch.log_softmax(logits, dim=-1))

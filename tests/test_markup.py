@@ -232,3 +232,77 @@ def test_xml_like_inline_tags_and_custom_elements_stay_inside_their_segment():
     custom element does not cut the sentence into pieces translated apart."""
     doc = parse_html('<p>Press <x1 id="k1">Save</x1> now, <g id="2">or <my-tip>wait</my-tip></g>.</p><div>Next</div>')
     assert doc.segments == ["Press Save now, or wait.", "Next"]
+
+
+def test_an_element_with_no_aligned_word_before_it_is_anchored_at_the_start():
+    # nothing aligned before <b> (its own word "Hi" unaligned) or before the leading <img>: both go to the
+    # start, however far the last source word's target lies
+    doc = parse_html('<p><b>Hi</b> there <img src="a.png"> friend</p>')
+    assert doc.render([("dort Freund Hallo", [(1, 0), (2, 1)])]) == '<p><b></b> dort <img src="a.png"> Freund Hallo</p>'
+    doc = parse_html('<p><img src="a.png"> Hello world</p>')
+    assert doc.render([("Hallo Welt", [(0, 0), (1, 1)])]) == '<p><img src="a.png"> Hallo Welt</p>'
+
+
+def test_an_anchored_element_goes_right_after_its_anchor_word_before_an_element_starting_there():
+    # <img> anchors after "zwei" (target of "two"), where <i> (holding "one" -> "eins") starts too: the anchored
+    # element comes first, whatever the document order of the two
+    doc = parse_html('<p><i>one</i> two <img src="a.png"> three</p>')
+    out = doc.render([("zwei eins drei", [(0, 1), (1, 0), (2, 2)])])
+    assert out == '<p>zwei <img src="a.png"> <i>eins</i> drei</p>'
+
+
+def test_the_end_of_a_block_counts_as_whitespace_after_an_element_moved_inside_it():
+    # <br> ends the paragraph, so nothing follows it in the source; anchored between two target words it is
+    # still followed by a space, as it was by the block's end
+    doc = parse_html('<p>Hello world <img src="a.png"><br></p>')
+    assert doc.render([("Hallo Welt", [(0, 0)])]) == '<p>Hallo <img src="a.png"> <br> Welt</p>'
+
+
+def test_a_comment_inside_a_paragraph_does_not_split_its_segment():
+    for html in ("<p>Hello <!-- note --> world</p>", "<p>Hello <?pi x?> world</p>"):
+        assert parse_html(html).segments == ["Hello world"], html
+
+
+def test_words_around_a_line_break_moved_between_them_do_not_run_together():
+    # no whitespace on either side of <br> in the source; anchored between "A" and "B" it is still followed by
+    # a space, since the two target words do not follow on as in the source
+    doc = parse_html("<p>Hello<br>world</p>")
+    assert doc.render([("A B C", [(0, 0), (1, 2)])]) == "<p>A<br> B C</p>"
+
+
+def test_a_word_cut_by_two_nested_tags_keeps_both_outside_parts():
+    doc = parse_html("<p>re<b>al<i>ly</i></b> good</p>")
+    assert doc.render([("really good", [(0, 0), (1, 1)])]) == "<p>re<b>al<i>ly</i></b> good</p>"
+
+
+def test_inline_content_between_two_blocks_stays_between_them():
+    doc = parse_html("<div><p>one</p>two <b>three</b><p>four</p></div>")
+    assert doc.segments == ["one", "two three", "four"]
+    out = doc.render([("eins", [(0, 0)]), ("zwei drei", [(0, 0), (1, 1)]), ("vier", [(0, 0)])])
+    assert out == "<div><p>eins</p>zwei <b>drei</b><p>vier</p></div>"
+
+
+@pytest.mark.parametrize("html, message", [
+    ("<p>bad \x01</p>\n<p>ok</p>\n", "HTML line 1, column 8: character '\\x01' cannot be read"),
+    ("<p>a</p>\n<p>b</p>\n<p>c \x00</p>", "HTML line 3, column 6: character '\\x00' cannot be read"),
+    ("<p title='never closed>all of it is swallowed</p>", "HTML cannot be read: the parser found no text or element"),
+])
+def test_an_unreadable_character_or_document_is_named_exactly(html, message):
+    # the line counts only the newlines before the character, the column starts at the last one of them
+    with pytest.raises(DataError, match=re.escape(message)):
+        parse_html(html)
+
+
+def test_a_translation_that_is_not_a_pair_is_a_data_error_whatever_its_type():
+    doc = parse_html("<p>ab</p>")
+    for translation in ("ab", 5, None):  # a two-letter string has a length of 2 but is no pair
+        with pytest.raises(DataError, match="translation 0 is not a .target text, alignment. pair"):
+            doc.render([translation])
+
+
+def test_only_a_word_that_ran_across_a_tag_gives_its_outside_part_back():
+    # "geometry." and "[1]" are two source words (punctuation cuts at <sup>), so the target word that <sup>
+    # holds stays whole inside it, though it begins with the source word before the tag
+    doc = parse_html("<p>See geometry.<sup>[1]</sup></p>")
+    assert doc.segments == ["See geometry. [1]"]
+    assert doc.render([("Voir geometry.[1]", [(0, 0), (2, 1)])]) == "<p>Voir <sup>geometry.[1]</sup></p>"

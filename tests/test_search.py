@@ -812,3 +812,14 @@ def test_a_repetition_penalty_that_is_not_positive_is_refused_by_name():
     for bad in (0.0, -1.2, 5e-324, 2000.0, float("nan")):  # tiny or huge ones make logits overflow to inf
         with pytest.raises(ValueError, match=r"decode\.repetition_penalty.*must be > 0, from 0.001 to 1000"):
             DecodeConfig(repetition_penalty=bad)
+
+
+def test_every_search_refuses_a_prefix_holding_its_own_bos():
+    """As the </s> check above, with the search's <s>: each search hands prefix_table its own bos."""
+    step, cache, limit = tables_step(TABLES[:1]), cache_of([0]), torch.tensor([4])
+    for search in (lambda: greedy_search(step, cache, BOS, EOS, limit, prefix=[[4, BOS]]),
+                   lambda: beam_search(step, cache, BOS, EOS, limit, 2, prefix=[[4, BOS]]),
+                   lambda: sample(tables_step(TABLES[:1], shared=False), cache, BOS, EOS, limit, [0],
+                                  prefix=[[4, BOS]])):
+        with pytest.raises(ValueError, match=r"^prefix 0 holds a special or negative id"):
+            search()
