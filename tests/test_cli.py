@@ -213,3 +213,21 @@ def test_batching_and_int8_flags_are_decode_settings(command, capsys):
     assert "not allowed with argument --batch-size" in capsys.readouterr().err
     help_text = cli.build_parser()._subparsers._group_actions[0].choices[command].format_help()
     assert "decode.quantize=int8" in help_text and "decode.batch_tokens=N" in help_text
+
+
+def test_a_demo_stopped_short_of_its_target_says_so_with_the_limit_and_how_to_train_on(tmp_path):
+    """The demo's summary: a run that train.max_steps stopped before 100% validation exact says it is short of
+    the target, which limit stopped it, the score it reached and the override that trains on."""
+    run = tmp_path / "demo"
+    quick = [setting for setting in TINY if not setting.startswith(("train.epochs", "train.eval_every",
+                                                                    "train.target_exact_match"))]
+    r = tformer("demo", "--run-dir", run, "--no-progress", *quick, "train.max_steps=3", "train.attention_examples=0",
+                "train.threads=1")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "until validation is 100% exact, at most 3 updates (train.max_steps)" in out.splitlines()[0]
+    assert ("SHORT OF THE TARGET: train.max_steps=3 stopped the run at step 3, short of train.target_exact_match=1"
+            in out)
+    assert f"tformer train --run-dir {run} --resume train.max_steps=6" in out
+    assert out.index("(ref)") < out.index("\nshort of the target (validation exact match")  # after the examples too
+    assert "stopped the run at step 3, short of train.target_exact_match=1" in r.stderr  # the training log's

@@ -11,7 +11,6 @@ import pytest
 pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
 
 ROOT = Path(__file__).resolve().parents[1]
-UPDATE_BUDGET = 3000  # updates the copy recipe may take to reach its target when its time cap stops it first
 
 
 def python_blocks(page: str, section: str | None = None) -> list[str]:
@@ -35,21 +34,13 @@ def test_the_readmes_python_runs(tmp_path, monkeypatch, capsys):
     result, translator = namespace["result"], namespace["translator"]
     printed = out[-1]
     assert printed == translator.translate(["h e l l o"], beam=4)[0].text  # alone as in the batch of two
-    if not result.reached_target:
-        # The README's run stops at its 4-minute cap on a slow or loaded machine. Whether the trainer learns must
-        # not depend on the machine's speed, so the same run goes on, bounded by updates instead of minutes:
-        # the recipe reaches its target in ~1,400 updates (benchmarks/RESULTS.md), a trainer that does not
-        # learn never does.
-        import tformer
-
-        result = tformer.train(None, result.run_dir, resume=True,
-                               overrides=["train.max_hours=0", f"train.max_steps={UPDATE_BUDGET}"])
-        translator = tformer.load(result.run_dir)
-        printed = translator.translate(["h e l l o", "w o r l d"], beam=4)[0].text
+    # The recipe is bounded by updates (train.max_steps), not minutes, so a slow or loaded machine trains the
+    # same model, later: runs reach the target in 1,000-2,000 updates (benchmarks/RESULTS.md), a trainer that
+    # does not learn never does.
     best = result.best or {}
     assert result.reached_target, (
         f"the copy recipe stopped at update {result.step} ({result.elapsed:.0f} s) without reaching 100% exact "
-        f"on validation (best exact match {best.get('exact_match')}, loss {best.get('loss')})")
+        f"on validation (best exact match {best.get('exact_match')}, loss {best.get('loss')}): {result.shortfall}")
     assert printed == "h e l l o"  # the README's comment: the copy task's answer is its input
     assert translator.translate(["w o r l d"], beam=4)[0].text == "w o r l d"
 
@@ -63,11 +54,10 @@ def test_use_from_python_snippets_run(tmp_path, monkeypatch, capsys):
         exec(compile(block, f"docs/howto/python.md (snippet {n + 1})", "exec"), namespace)
     out = capsys.readouterr().out.splitlines()
     translator = namespace["translator"]
-    result, cap = namespace["result"], namespace["config"].train.max_hours * 3600
+    result = namespace["result"]
     assert out[0].split()[0] == str(result.step)
-    # the steps the first snippet asked for, unless the recipe's 4-minute cap (a loaded machine) or its target
-    # (100% exact) stopped it first
-    assert result.step == 400 or (result.step < 400 and (result.elapsed >= cap or result.reached_target))
+    # the steps the first snippet asked for, unless the recipe's target (100% exact) stopped it first
+    assert result.step == 400 or (result.step < 400 and result.reached_target)
     assert namespace["best"].text == namespace["best"].hypotheses[0].text
     assert "sources[1]: a sentence must be a string, got int" in out
     written = (tmp_path / "output.txt").read_text(encoding="utf-8").split("\n")

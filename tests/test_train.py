@@ -259,6 +259,7 @@ def test_reduced_precision_on_a_cpu_warns_only_without_its_units_and_names_them(
     assert precision.missing_cpu_units("bf16", {"amx_bf16"}) is None
     assert precision.missing_cpu_units("fp16", {"amx_fp16"}) is None
     assert precision.missing_cpu_units("fp32", set()) is None
+    monkeypatch.setattr(policy, "dispatch_cap", lambda p: None)  # kernels not capped (ATEN_CPU_CAPABILITY)
     for flags, warned in (({"avx2", "fma"}, True), ({"avx2", "avx512_bf16"}, False), (None, False)):
         monkeypatch.setattr(policy, "cpu_flags", lambda: flags)
         caplog.clear()
@@ -269,3 +270,73 @@ def test_reduced_precision_on_a_cpu_warns_only_without_its_units_and_names_them(
         assert len(messages) == warned, messages  # fp32 never warns
         want = "train.precision=bf16 on cpu: this CPU has no avx512_bf16 or amx_bf16 "
         assert all(m.startswith(want) for m in messages)
+
+
+def test_a_run_stopped_by_a_limit_short_of_its_target_says_which_and_how_to_train_on(tmp_path, caplog):
+    """3 updates cannot reach 100% exact: the result and the log name the limit, the validation score reached
+    against the target, and the override that trains on."""
+    cfg = _with(tiny_config(), max_steps=3, target_exact_match=1.0)
+    with caplog.at_level("INFO", logger="tformer"):
+        result = train(cfg, tmp_path / "run")
+    assert result.step == 3 and not result.reached_target
+    assert result.stopped_by == "train.max_steps=3"
+    best = result.best["exact_match"]
+    assert best < 1.0
+    for words in ("train.max_steps=3 stopped the run at step 3", "short of train.target_exact_match=1",
+                  f"best validation exact match {best:.4f}",
+                  f"tformer train --run-dir {tmp_path / 'run'} --resume train.max_steps=6"):
+        assert words in result.shortfall
+    assert result.shortfall in [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    from tformer.api import train as train_api  # the advice, followed, trains on
+
+    assert train_api(None, tmp_path / "run", resume=True, overrides=["train.max_steps=6"]).step == 6
+
+
+def test_a_run_without_a_target_stopped_by_a_limit_names_it_and_no_shortfall(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="tformer"):
+        result = train(_with(tiny_config(), max_steps=4, max_hours=0.0), tmp_path / "run")
+    assert (result.stopped_by, result.shortfall) == ("train.max_steps=4", "")
+    assert any(m.startswith("train.max_steps=4 stopped the run at step 4") and "train.max_steps=8" in m
+               for m in caplog.messages)
+
+
+def test_the_time_estimate_counts_the_updates_to_the_limit_at_the_measured_speed():
+    from tformer.training.limits import estimate
+
+    t = TrainConfig(max_steps=2400, epochs=100, eval_every=200, target_exact_match=1.0)
+    text = estimate(20, 2400, 38, 10.0, t, elapsed=5.0)  # 2,380 updates at 10/s: 238 s
+    assert text.startswith("~2,380 updates to go (train.max_steps=2400), about 4 minutes at this machine's speed")
+    assert "not included" in text and "train.target_exact_match=1" in text
+    # 12 evaluations (at 200, 400, ..., 2400) of 30 s each: 598 s
+    assert "about 10 minutes" in estimate(20, 2400, 38, 10.0, t, 5.0, eval_seconds=30.0)
+    capped = estimate(20, 2400, 38, 10.0, dataclasses.replace(t, max_hours=0.01), elapsed=6.0)  # 30 s left
+    assert capped.startswith("~300 updates to go (train.max_hours=0.01), about 30 seconds")
+
+
+def test_the_time_estimate_is_told_once_after_the_first_updates(tmp_path, caplog, monkeypatch):
+    from tformer.training.limits import Clock
+
+    monkeypatch.setattr(Clock, "UPDATES", 3)
+    with caplog.at_level("INFO", logger="tformer"):
+        train(_with(tiny_config(), max_steps=8, max_hours=0.0), tmp_path / "run")
+    told = [m for m in caplog.messages if "updates to go" in m]
+    assert len(told) == 1 and told[0].startswith("~4 updates to go (train.max_steps=8)")  # after update 1 + 3
+
+
+def test_the_copy_recipe_stops_by_updates_not_by_the_clock():
+    """`tformer demo` trains the copy recipe: a slower or busier machine must get the same model, later. It
+    stops at 100% validation exact or at train.max_steps, well above the updates a run needs (USUAL_UPDATES),
+    and neither the clock nor the epochs stop it first."""
+    from tformer.commands.demo import USUAL_UPDATES
+    from tformer.config import Config
+    from tformer.data import load_task
+    from tformer.training.batches import Batches
+    from tformer.training.distributed import Context
+
+    cfg = Config.from_yaml("copy")
+    t = cfg.train
+    assert t.max_hours == 0 and t.target_exact_match == 1.0
+    assert t.max_steps >= 1.5 * max(USUAL_UPDATES)
+    examples = load_task(cfg.data, ("train",)).examples["train"]
+    assert t.epochs * Batches(examples, cfg, Context()).per_epoch >= t.max_steps
+

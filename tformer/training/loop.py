@@ -42,6 +42,7 @@ from tformer.training.compile import CompiledForward, cache_dir as compile_cache
 from tformer.training.precision import Precision
 from tformer.training.loss import ctc_loss, generator_loss
 from tformer.training.batches import Batches, SubwordSampling, prefetch
+from tformer.training import limits, threads as cpu_threads
 from tformer.training.schedule import learning_rate
 from tformer.training.state import TrainerState, validation_key
 
@@ -57,6 +58,8 @@ class TrainResult:
     elapsed: float  # wall seconds, evaluations included, over all sessions of this run
     reached_target: bool
     interrupted: bool = False  # stopped by Ctrl-C (after saving a checkpoint)
+    stopped_by: str = ""  # the limit that ended the run, as its setting ('train.max_steps=3000'); '' if interrupted
+    shortfall: str = ""  # a run with train.target_exact_match that ended short of it: why, and how to train on
 
 
 class _StopOnSigint:
@@ -353,7 +356,8 @@ class Trainer:
             log.info("the run already ended at step %d (%s): nothing to do; raise that limit to train on",
                      state.step, ended)
             latest = resolve_checkpoint(self.run_dir, "latest")
-            return TrainResult(self.run_dir, latest, state.step, state.best, state.elapsed, state.reached_target)
+            return TrainResult(self.run_dir, latest, state.step, state.best, state.elapsed, state.reached_target,
+                               stopped_by=ended, shortfall=self._shortfall(ended))
         if (self.resumed or self.restarted) and ctx.main:
             _truncate_metrics(self.run_dir / "metrics.jsonl", state.step)
         self.recorder = self._recorder()
@@ -367,7 +371,11 @@ class Trainer:
         metrics_log = (open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if ctx.main
                        else contextlib.nullcontext())
         self.model.train()
+        self.clock = limits.Clock(state.step, total, self.batches.per_epoch)
+        sharing = cpu_threads.Sharing()
+        sharing.start()
         stop = interrupted = False
+        limit = ""
         with _StopOnSigint() as sigint, bar, metrics_log as self.metrics_log, self.board or contextlib.nullcontext():
             while state.epoch < t.epochs and not stop:
                 updates = prefetch(self.batches.updates(state.epoch, state.cursor))
@@ -376,10 +384,14 @@ class Trainer:
                         self._take(micro)
                         bar.update(1)
                         self._log(bar)
+                        estimate = self.clock.updated(state.step, self.t, self._elapsed())
+                        if estimate:
+                            log.info("%s", estimate)
+                            self._advise_threads(sharing)
                         if state.cursor == 0 and not t.eval_every:  # the epoch ended
-                            self.evaluate()
+                            self._timed_evaluate()
                         elif t.eval_every and state.step % t.eval_every == 0:
-                            self.evaluate()
+                            self._timed_evaluate()
                         elif t.save_every and state.step % t.save_every == 0:
                             self.checkpoint(None)
                         # every process stops at the same update: the flags of all of them count
@@ -395,11 +407,35 @@ class Trainer:
             if interrupted:
                 path = self.checkpoint(None)
                 log.warning("interrupted at step %d: saved %s; continue with --resume", state.step, path)
-                return TrainResult(self.run_dir, path, state.step, state.best, state.elapsed, False, interrupted=True)
+                return TrainResult(self.run_dir, path, state.step, state.best, state.elapsed, False, interrupted=True,
+                                   shortfall=self._shortfall(""))
             if self.last_eval_step != state.step:
                 self.evaluate()
             latest = self.checkpoint(None)  # still under the Ctrl-C guard: a Ctrl-C now lets it finish
-        return TrainResult(self.run_dir, latest, state.step, state.best, state.elapsed, state.reached_target)
+        shortfall = self._shortfall(limit)  # `limit`: the one the last update reached (the last epoch's included)
+        if shortfall:
+            log.warning("%s", shortfall)
+        elif limit and not t.target_exact_match:
+            log.info("%s", limits.stopped(limit, t, state, self.run_dir))
+        return TrainResult(self.run_dir, latest, state.step, state.best, state.elapsed, state.reached_target,
+                           stopped_by=limit, shortfall=shortfall)
+
+    def _advise_threads(self, sharing: cpu_threads.Sharing) -> None:
+        """Warn when other processes leave fewer cores than torch has threads (training on a CPU)."""
+        if self.ctx.device.type != "cpu":
+            return
+        tip = cpu_threads.advice(torch.get_num_threads(), sharing.others(), cpu_threads.cores(),
+                                 os.environ.get("OMP_WAIT_POLICY"))
+        if tip:
+            log.warning("%s", tip)
+
+    def _timed_evaluate(self) -> None:
+        tic = time.perf_counter()
+        self.evaluate()
+        self.clock.evaluated(time.perf_counter() - tic)
+
+    def _shortfall(self, limit: str) -> str:
+        return limits.shortfall(limit, self.t, self.state, self.run_dir)
 
     def _take(self, micro: list[Batch]) -> None:
         """One update over this process's batches `micro`; the state advances whether it was taken or skipped."""

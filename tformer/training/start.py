@@ -83,7 +83,8 @@ def train(config: Config | str | Path | None = None, run_dir: str | Path | None 
     YAML recipe (a path, or a packaged recipe's name such as 'copy'), with dotted `overrides` applied on top;
     to resume, it may be left out: the run's own configuration is used, overrides on top. Without
     `run_dir`, a new folder under runs/. Under torchrun every process calls this with the same arguments.
-    Returns a TrainResult (run folder, latest checkpoint, step, best validation metrics, time)."""
+    Returns a TrainResult (run folder, latest checkpoint, step, best validation metrics, time, the limit that
+    stopped it and, for a run short of train.target_exact_match, why and the override that trains on)."""
     from tformer.training.loop import train as train_loop
 
     cfg = train_config(config, run_dir, resume=resume, overrides=overrides)
