@@ -86,6 +86,6 @@ def test_training_beside_busy_processes_warns_once_with_what_to_do(tmp_path, cap
     monkeypatch.setattr(threads, "cores", lambda: 2)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with caplog.at_level("INFO", logger="tformer"):
-        train(_with(tiny_config(), max_steps=8, threads=train_threads), tmp_path / "run")
+        train(_with(tiny_config(), max_steps=10, threads=train_threads), tmp_path / "run")
     told = [r.getMessage() for r in caplog.records if "spin while they wait" in r.getMessage()]
     assert len(told) == int(warned)

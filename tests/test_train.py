@@ -318,9 +318,9 @@ def test_the_time_estimate_is_told_once_after_the_first_updates(tmp_path, caplog
 
     monkeypatch.setattr(Clock, "UPDATES", 3)
     with caplog.at_level("INFO", logger="tformer"):
-        train(_with(tiny_config(), max_steps=8, max_hours=0.0), tmp_path / "run")
+        train(_with(tiny_config(), max_steps=12, max_hours=0.0), tmp_path / "run")
     told = [m for m in caplog.messages if "updates to go" in m]
-    assert len(told) == 1 and told[0].startswith("~4 updates to go (train.max_steps=8)")  # after update 1 + 3
+    assert len(told) == 1 and told[0].startswith("~4 updates to go (train.max_steps=12)")  # after 5 + 3 updates
 
 
 def test_the_copy_recipe_stops_by_updates_not_by_the_clock():

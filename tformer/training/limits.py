@@ -52,15 +52,17 @@ def stopped(limit: str, t: TrainConfig, state: TrainerState, run_dir: Path) -> s
 
 
 class Clock:
-    """The time a session has left, told once: after its first updates (the first one, which warms up, not
-    timed), the updates left to the run's limit and how long they take at the speed measured. Evaluations are
-    left out of that speed and, when one ran in the meantime, added back at its measured cost."""
+    """The time a session has left, told once: after its first updates (the first WARMUP of them, slower while
+    memory is allocated and the batches start, not timed), the updates left to the run's limit and how long they
+    take at the speed measured. Evaluations are left out of that speed and, when one ran in the meantime, added
+    back at its measured cost."""
 
+    WARMUP = 5
     UPDATES, SECONDS = 20, 30.0  # it speaks after this many timed updates or this many seconds, whichever first
 
     def __init__(self, step: int, total: int, per_epoch: int) -> None:
         self.total, self.per_epoch = total, per_epoch  # total: the step at which max_steps or epochs ends the run
-        self.start_step = step + 1  # timing starts when the session's first update has ended
+        self.start_step = step + self.WARMUP  # timing starts when the session's warm-up updates have ended
         self.start = 0.0
         self.eval_seconds, self.evals = 0.0, 0
         self.told = False
