@@ -31,16 +31,15 @@ def openmp_spin_count(code: str, **env: str) -> int | None:
     return int(found[0]) if found else None
 
 
-def test_import_tformer_makes_idle_openmp_threads_sleep_before_torch_loads():
-    """Spinning idle threads made training 10x slower beside other work (issue 62). After `import tformer`,
-    torch's OpenMP reads the passive policy; a policy the environment sets wins; torch loaded first keeps its
-    default (the advice below covers that case)."""
+def test_import_tformer_leaves_openmps_wait_policy_to_the_environment():
+    """Sleeping idle threads (OMP_WAIT_POLICY=PASSIVE) kept training's speed beside other work (issue 62), but
+    made decoding on 2 threads of a quiet machine 1.6-2.6x slower (benchmarks/RESULTS.md), so tformer does not set
+    it: the environment chooses, and training tells its user when spinning threads outnumber the free cores."""
     spins = openmp_spin_count("import tformer, torch")
     if spins is None:
         pytest.skip("torch's OpenMP here is not GNU OpenMP, which reports its spin count")
-    assert spins == 0
-    assert openmp_spin_count("import tformer, torch", OMP_WAIT_POLICY="ACTIVE") > 0
-    assert openmp_spin_count("import torch, tformer") > 0
+    assert spins > 0
+    assert openmp_spin_count("import tformer, torch", OMP_WAIT_POLICY="PASSIVE") == 0  # the advice's way out
 
 
 def test_cores_kept_busy_elsewhere_are_the_machines_busy_time_less_this_process(monkeypatch):

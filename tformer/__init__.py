@@ -18,10 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from tformer.training.threads import sleep_while_waiting as _sleep_while_waiting  # noqa: E402
-
-_sleep_while_waiting()  # before torch loads: idle OpenMP threads sleep, not spin, beside other work (issue 62)
-
 _PUBLIC = {
     "load": "tformer.api", "Translator": "tformer.api", "Translation": "tformer.api", "Hypothesis": "tformer.api",
     "Score": "tformer.api", "Evaluation": "tformer.api", "train": "tformer.api", "prepare": "tformer.api",

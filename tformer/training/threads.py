@@ -4,9 +4,11 @@ process holds a core, a spinning thread burns the time slice that the thread it 
 parallel operation waits for a descheduled thread. The copy recipe on 2 cores (benchmarks/RESULTS.md, issue 62):
 ~76k tokens/s alone, ~17k beside two busy processes, ~3k beside the mixed work of other developers. With OpenMP's
 passive wait policy the waiting threads sleep instead: ~70k alone (8% less), ~35-44k beside two busy processes
-(half the machine: the fair share), ~29k beside that mixed work. OpenMP reads the policy once, when torch loads,
-so `sleep_while_waiting` (called by `import tformer`) sets it first: OMP_WAIT_POLICY=PASSIVE unless the
-environment chose a policy, and only while torch is not loaded. The policy changes no number a run computes;
+(half the machine: the fair share), ~29k beside that mixed work. But on a quiet machine sleeping threads made
+decoding on 2 threads 1.6-2.6x slower (each small product waits for its threads to wake), so tformer does not
+set the policy: the environment chooses (`sleep_while_waiting` sets it for a process that wants it, before torch
+loads, as OpenMP reads it once then), and training warns when other work leaves fewer cores than it has spinning
+threads, naming OMP_WAIT_POLICY=PASSIVE and train.threads=1. The policy changes no number a run computes;
 the thread count would (1 thread instead of 2 moves the weights by ~1e-4 within 5 updates).
 
 `Sharing` measures, over a stretch of training, how many cores the rest of the machine kept busy (Linux: the
