@@ -77,7 +77,7 @@ def test_a_wide_constrained_beam_is_the_exhaustive_search_over_paths_holding_eve
     cfg = DecodeConfig(strategy="beam", beam_size=400, nbest=3, len_penalty=alpha, len_penalty_rule=rule,
                        beam_finish=finish)
     got = search(tables_step(TABLES), cache_of(list(range(B))), torch.full((B,), limit), cfg, prefix=prefix,
-                 constraints=PHRASES)
+                 phrases={"constraints": PHRASES})
     for i, (table, phrases, p) in enumerate(zip(TABLES, PHRASES, prefix)):
         want = constrained_paths(table, limit, alpha, rule, phrases, p or ())[:3]
         assert want and got.tokens[i] == [toks for _, toks in want]
@@ -117,14 +117,14 @@ def test_sentences_without_phrases_decode_as_plain_beam_search_whatever_their_ba
     cfg = DecodeConfig(strategy="beam", beam_size=3, nbest=2, beam_finish=finish)
     plain = search(tables_step(TABLES), cache_of(list(range(B))), torch.full((B,), limit), cfg, prefix=RULE_PREFIX)
     mixed = search(tables_step(TABLES), cache_of(list(range(B))), torch.full((B,), limit), cfg, prefix=RULE_PREFIX,
-                   constraints=PHRASES)
+                   phrases={"constraints": PHRASES})
     for i in range(B):
         if not PHRASES[i]:
             assert mixed.tokens[i] == plain.tokens[i] and mixed.scores[i] == plain.scores[i]
         else:
             assert mixed.tokens[i] != plain.tokens[i] or all(holds(plain.tokens[i][0], p) for p in PHRASES[i])
     alone = [search(tables_step([TABLES[i]]), cache_of([0]), torch.full((1,), limit), cfg, prefix=[RULE_PREFIX[i]],
-                    constraints=[PHRASES[i]]) for i in range(B)]
+                    phrases={"constraints": [PHRASES[i]]}) for i in range(B)]
     assert [a.tokens[0] for a in alone] == mixed.tokens  # nothing depends on the batch
 
 
@@ -170,7 +170,7 @@ def test_bad_constraints_are_refused_naming_the_sentence():
         with pytest.raises(ValueError, match=what):
             beam_search(step, cache, BOS, EOS, torch.tensor([4]), 2, constraints=bad)
     with pytest.raises(ValueError, match="beam search"):
-        search(step, cache, torch.tensor([4]), DecodeConfig(), constraints=[[[4]]])
+        search(step, cache, torch.tensor([4]), DecodeConfig(), phrases={"constraints": [[[4]]]})
     with pytest.raises(ValueError, match="2 constraint lists"):
         Constraints.of([[[4]], None], torch.full((1, 0), -1), torch.tensor([4]))
 

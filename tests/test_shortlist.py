@@ -214,7 +214,7 @@ def test_the_batched_search_equals_a_full_search_of_each_sentence_masked_to_its_
     prefixes = [rare[: i % 3] for i in range(len(sources))] if prefixed else None
     phrases = ([[rare[-1:]] if i % 2 else None for i in range(len(sources))]
                if prefixed and options["strategy"] == "beam" else None)
-    got = translate_ids(listed.model, sources, cfg, prefixes=prefixes, constraints=phrases)
+    got = translate_ids(listed.model, sources, cfg, prefixes=prefixes, phrases={"constraints": phrases})
     plain_cfg = listed.decode_settings(batch_size=1, shortlist="", **options)
     for i, src in enumerate(sources):
         prefix = [prefixes[i]] if prefixed else None
@@ -223,7 +223,7 @@ def test_the_batched_search_equals_a_full_search_of_each_sentence_masked_to_its_
                                                                              else []))
         oracle = (Ensemble([Masked(m, allowed) for m in listed.model.models]) if ensemble
                   else Masked(listed.model, allowed))
-        want = translate_ids(oracle, [src], plain_cfg, prefixes=prefix, constraints=phrase)
+        want = translate_ids(oracle, [src], plain_cfg, prefixes=prefix, phrases={"constraints": phrase})
         if prefixed:
             assert all(h[: len(prefix[0])] == prefix[0] for h in got.tokens[i])
         if phrase and phrase[0]:

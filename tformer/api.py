@@ -367,7 +367,8 @@ class Translator:
         gone = None if cancelled is None else (lambda j: cancelled(live[j]))
         nbest = translate_ids(self.model, [checked[i] for i in live], cfg,
                               None if prefixes is None else [prefixes[i] for i in live], batch_type,
-                              gone, None if constraints is None else [constraints[i] for i in live]) if live else None
+                              gone, None if constraints is None else
+                              {"constraints": [constraints[i] for i in live]}) if live else None
         kept = [(j, i) for j, i in enumerate(live) if nbest.tokens[j] is not None]
         aligned = iter(self._align([(checked[i], h) for j, i in kept for h in nbest.tokens[j]], cfg,
                                    batch_type, extras) if kept and extras.alignment else ())

@@ -30,6 +30,7 @@ from tformer.config import DecodeConfig, check_inference_overrides
 from tformer.data.batching import pad_frames, pad_sequences
 from tformer.data.vocab import Vocab
 from tformer.decode import NBest, max_lengths, search
+from tformer.decode.phrases import Phrases, phrase_input
 from tformer.model import Transformer, build_model
 from tformer.shortlist import Shortlist, restrict
 from tformer.convert import open_checkpoint
@@ -82,10 +83,11 @@ def _lengths(sources: list[Source]) -> list[int]:
 @torch.inference_mode()
 def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
                   prefixes: list[list[int]] | None = None, batch_type: BatchType = "examples",
-                  cancelled: Cancelled | None = None, constraints: list[list[list[int]]] | None = None) -> NBest:
+                  cancelled: Cancelled | None = None, phrases: Phrases | None = None) -> NBest:
     """Decode every source with the search `cfg` describes; results in input order. `prefixes` (one id list
-    per source, possibly empty) force the start of each output; `constraints` (one list of phrases, id lists,
-    per source) are held by every output (beam search; decode.constraints). The length limit is a * (model source
+    per source, possibly empty) force the start of each output; `phrases`: the rules' phrase inputs by name
+    (decode.PHRASE_INPUTS), each one list of phrases (id lists) or None per source; "constraints" are held by
+    every output (beam search; decode.constraints). The length limit is a * (model source
     length) + b: tokens, or model frames after stacking. `cancelled`: see the module docstring (a cancelled
     sentence's tokens and scores are None). With cfg.shortlist, each sentence outputs only the target ids its
     lexical shortlist allows (and its prefix's and constraints' tokens), the output projection computed for the
@@ -109,15 +111,14 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
             n_src = enc.mask.sum(1) - (0 if src.is_floating_point() else 1)  # (B,) without </s>
             limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
             prefix = [prefixes[i] for i in rows] if prefixes is not None else None
-            phrases = [constraints[i] for i in rows] if constraints is not None else None
+            batch = {name: [per[i] for i in rows] for name, per in (phrases or {}).items() if per is not None}
             if shortlist is None:
-                hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop,
-                             constraints=phrases)
+                hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop, phrases=batch)
             else:  # the search runs in the columns of the batch's lists
-                allowed = [shortlist.allowed(sources[i], _forced(prefix, phrases, j)) for j, i in enumerate(rows)]
+                allowed = [shortlist.allowed(sources[i], _forced(prefix, batch, j)) for j, i in enumerate(rows)]
                 r = restrict(model, cache, allowed, model.generator.out_features)
                 hyp = r.tokens(search(r.step, r.cache, limit, cfg, ids=rows, prefix=r.columns(prefix), stop=stop,
-                                      constraints=r.columns(phrases)))
+                                      phrases={name: r.columns(per) for name, per in batch.items()}))
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:
@@ -127,12 +128,14 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
     return NBest(tokens, scores)
 
 
-def _forced(prefix: list[list[int]] | None, phrases: list[list[list[int]] | None] | None, j: int) -> list[int]:
-    """The target ids sentence j of a batch must be able to output whatever its shortlist: its prefix's and its
-    constraints' tokens."""
+def _forced(prefix: list[list[int]] | None, phrases: Phrases, j: int) -> list[int]:
+    """The target ids sentence j of a batch must be able to output whatever its shortlist: its prefix's and the
+    tokens of its phrase inputs that outputs write (PhraseInput.written: the constraints')."""
     ids = list(prefix[j]) if prefix is not None else []
-    for phrase in (phrases[j] or []) if phrases is not None else []:
-        ids += phrase
+    for name, per in phrases.items():
+        if phrase_input(name).written:
+            for phrase in per[j] or []:
+                ids += phrase
     return ids
 
 

@@ -30,20 +30,24 @@ from tformer.decode.beam import beam_search, length_penalty
 from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, Stop, TensorCache, forbid, force, forced_scores,
                                    log_probs, max_lengths, penalize_repeats, prefix_table, select_rows, stopped)
 from tformer.decode.greedy import greedy_search
+from tformer.decode.phrases import PHRASE_INPUTS, PhraseInput, Phrases
 from tformer.decode.sampling import filter_logits, sample
 
-__all__ = ["Cache", "Hypotheses", "NBest", "StepFn", "Stop", "TensorCache", "beam_search", "filter_logits", "forbid",
+__all__ = ["Cache", "Hypotheses", "NBest", "PHRASE_INPUTS", "PhraseInput", "Phrases", "StepFn", "Stop", "TensorCache", "beam_search", "filter_logits", "forbid",
            "force", "forced_scores", "greedy_search", "length_penalty", "log_probs", "max_lengths",
            "penalize_repeats", "prefix_table", "sample", "search", "select_rows", "stopped"]
 
 
 def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,
-           prefix: list[list[int]] | None = None, stop: Stop | None = None,
-           constraints: list[list[list[int]] | None] | None = None) -> NBest:
+           prefix: list[list[int]] | None = None, stop: Stop | None = None, phrases: Phrases | None = None) -> NBest:
     """The search `cfg.strategy` names, over one batch; `ids` (sentence indices in the input) seed sampling;
     `prefix` (one id list per sentence, or None) forces the start of every output (see above); `stop` takes
-    sentences out before any step (common.stopped); `constraints` (one list of id lists per sentence, or
-    None) are phrases every output must hold (decode.constraints: beam search only)."""
+    sentences out before any step (common.stopped); `phrases`: the rules' per-sentence phrase inputs by name
+    (decode.phrases.PHRASE_INPUTS; "constraints": phrases every output must hold, beam search only)."""
+    unknown = set(phrases or ()) - {p.name for p in PHRASE_INPUTS}
+    if unknown:
+        raise ValueError(f"no phrase input {sorted(unknown)}; there are {[p.name for p in PHRASE_INPUTS]}")
+    constraints = (phrases or {}).get("constraints")
     bos, eos = Vocab.bos, Vocab.eos
     if cfg.strategy == "beam":
         return beam_search(step, cache, bos, eos, max_len, cfg.beam_size, cfg.len_penalty, cfg.min_len,
