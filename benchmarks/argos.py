@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
 import tformer  # noqa: E402
+from tformer.checkpoint import load_checkpoint  # noqa: E402
 from tformer.data.translation import read_split  # noqa: E402
 from tformer.export import export_argos  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
-from tformer.training.checkpoint import load_checkpoint  # noqa: E402
 
 CHILD = """
 import json, sys, time

@@ -28,10 +28,10 @@ import torch  # noqa: E402
 
 import tformer  # noqa: E402
 import tformer.decode.beam as beam_module  # noqa: E402
+from tformer.checkpoint import load_checkpoint  # noqa: E402
 from tformer.data.translation import read_split  # noqa: E402
 from tformer.data.vocab import Vocab  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
-from tformer.training.checkpoint import load_checkpoint  # noqa: E402
 
 
 def draw(translator, refs: list[str], low: int, high: int, seed: int) -> list[list[str]]:

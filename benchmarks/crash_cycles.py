@@ -30,8 +30,8 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
+from tformer.checkpoint import NoCheckpointError, load_checkpoint  # noqa: E402
 from tformer.model import build_model  # noqa: E402
-from tformer.training.checkpoint import NoCheckpointError, load_checkpoint  # noqa: E402
 from tformer.training.loop import build_optimizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

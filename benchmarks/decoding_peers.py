@@ -174,7 +174,7 @@ def main() -> None:
         max_len = 128
     max_len = args.max_len or max_len
     if args.random:  # the random model as a checkpoint folder: the API and the export load it from there
-        from tformer.training.checkpoint import save_checkpoint
+        from tformer.checkpoint import save_checkpoint
 
         save_checkpoint(work / "run", 0, model, None, {}, dataclasses.replace(ckpt.cfg, model=cfg), ckpt.tokenizers,
                         best=True)

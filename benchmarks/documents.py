@@ -50,10 +50,10 @@ import json  # noqa: E402
 import lxml.html  # noqa: E402
 
 import tformer  # noqa: E402
+from tformer.checkpoint import load_checkpoint  # noqa: E402
 from tformer.data.translation import read_split  # noqa: E402
 from tformer.documents import prepare, translate_documents  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
-from tformer.training.checkpoint import load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PASS = {"code", "pre", "script", "style", "kbd", "samp", "var", "textarea"}

@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, report  # noqa: E402
 
 import tformer  # noqa: E402
+from tformer.checkpoint import load_checkpoint  # noqa: E402
 from tformer.export import export_hf_marian  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
-from tformer.training.checkpoint import load_checkpoint  # noqa: E402
+from tformer.training.state import TrainerState  # noqa: E402
 
 
 def halves(out: Path) -> tuple[Path, Path]:
@@ -99,7 +100,7 @@ def main() -> None:
     diff = max(float((final[0][k] - final[1][k]).abs().max()) for k in final[0])
     curves = [curve(r) for r in runs]
     steps = sorted(set(curves[0]) | set(curves[1]))
-    base_steps = load_checkpoint(base, "latest").state().step
+    base_steps = TrainerState.of(load_checkpoint(base, "latest")).step
     table = ["| model | test2016 sacreBLEU |", "|---|---:|",
              f"| base: multi30k_tiny post-norm, {args.minutes:.0f} min ({base_steps} updates) on half A (native) | "
              f"{test_bleu(base):.2f} |",

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
 import tformer  # noqa: E402
+from tformer.checkpoint import resolve_checkpoint  # noqa: E402
 from tformer.training.average import average_checkpoints, best_checkpoints, last_checkpoints  # noqa: E402
-from tformer.training.checkpoint import resolve_checkpoint  # noqa: E402
 
 
 def training_record(run_dir: Path) -> tuple[int, float, int]:

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
 import tformer  # noqa: E402
+from tformer.checkpoint import load_checkpoint  # noqa: E402
 from tformer.data.translation import read_split  # noqa: E402
 from tformer.metrics import translation_scores  # noqa: E402
-from tformer.training.checkpoint import load_checkpoint  # noqa: E402
 
 
 def repeats(lines: list[str]) -> tuple[int, int]:

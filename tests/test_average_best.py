@@ -8,11 +8,10 @@ import json
 import pytest
 import torch
 
+from tformer.checkpoint import list_checkpoints, load_checkpoint, validation_key
 from tformer.cli import main
 from tformer.training.average import best_checkpoints
-from tformer.training.checkpoint import list_checkpoints, load_checkpoint
 from tformer.training.loop import train
-from tformer.training.state import validation_key
 
 from conftest import tiny_config
 

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 import tformer
+from tformer.checkpoint import load_checkpoint
 from tformer.model import build_model, upgrade_state
 from tformer.model.transformer import legacy_parameter_order
-from tformer.training.checkpoint import load_checkpoint
 from tformer.training.loop import build_optimizer
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -10,12 +10,13 @@ import torch
 from safetensors.torch import load_file
 
 import tformer
+from tformer.checkpoint import load_checkpoint, unique_state
 from tformer.config import ModelConfig
 from tformer.errors import ConfigError
 from tformer.model import build_model
-from tformer.training.checkpoint import load_checkpoint, unique_state
 from tformer.training.ema import EMA
 from tformer.training.loop import train
+from tformer.training.state import TrainerState
 
 from conftest import tiny_config
 
@@ -55,7 +56,7 @@ def test_a_run_with_ema_validates_both_checkpoints_both_and_translates_with_the_
     assert valid and all("exact_match" in r and "raw_exact_match" in r and "raw_loss" in r for r in valid)
     assert any(r["loss"] != r["raw_loss"] for r in valid)  # two sets of weights, two evaluations
     ckpt = load_checkpoint(tmp_path / "run", which="latest")
-    assert ckpt.has_ema and ckpt.state().ema_updates == ckpt.state().step
+    assert ckpt.has_ema and TrainerState.of(ckpt).ema_updates == TrainerState.of(ckpt).step
     average, raw = ckpt.weights("ema"), ckpt.weights("raw")
     assert average.keys() == raw.keys() and any(not torch.equal(average[k], raw[k]) for k in raw)
     translator = tformer.load(tmp_path / "run", which="latest")  # inference: the average
@@ -70,7 +71,7 @@ def test_resume_continues_the_average_exactly(tmp_path):
     train(cfg, tmp_path / "split", resume=True)
     a = load_checkpoint(tmp_path / "full", which="latest")
     b = load_checkpoint(tmp_path / "split", which="latest")
-    assert a.state().step == b.state().step == full.step and a.state().ema_updates == b.state().ema_updates
+    assert TrainerState.of(a).step == TrainerState.of(b).step == full.step and TrainerState.of(a).ema_updates == TrainerState.of(b).ema_updates
     for k, v in a.weights("ema").items():
         torch.testing.assert_close(b.weights("ema")[k], v, rtol=0, atol=0, msg=k)
 
@@ -83,7 +84,7 @@ def test_resuming_a_run_saved_without_an_average_starts_one_and_says_so(tmp_path
         train(_with(cfg, ema=0.9), tmp_path / "run", resume=True)
     assert "holds no moving average of the weights" in caplog.text
     ckpt = load_checkpoint(tmp_path / "run", which="latest")
-    assert ckpt.has_ema and 0 < ckpt.state().ema_updates < ckpt.state().step
+    assert ckpt.has_ema and 0 < TrainerState.of(ckpt).ema_updates < TrainerState.of(ckpt).step
 
 
 def test_bad_ema_settings_and_files_are_named(tmp_path):

@@ -269,7 +269,7 @@ def _cuda_without_cuda(tmp_path):
 
 
 def _checkpoint_without_vocabulary(tmp_path):
-    from tformer.training.checkpoint import load_tokenizers
+    from tformer.checkpoint import load_tokenizers
 
     load_tokenizers(tmp_path)
 
@@ -369,7 +369,7 @@ def test_internal_invariants_stay_plain_value_errors(call, message):
 
 def test_a_bad_line_inside_a_checkpoint_is_a_checkpoint_error_not_a_relabelled_bug(tmp_path):
     """load_tokenizers re-labels only the data errors of its files; a damaged vocabulary says which file."""
-    from tformer.training.checkpoint import load_tokenizers
+    from tformer.checkpoint import load_tokenizers
 
     _write(tmp_path / "vocab.src.txt", "<pad>\n<s>\n</s>\n<unk>\na\n")
     _write(tmp_path / "vocab.tgt.txt", "<pad>\n<s>\n</s>\n<unk>\nb c\n")

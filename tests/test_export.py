@@ -53,6 +53,19 @@ def test_unexportable_models_are_refused_and_the_command_works(tmp_path, capsys)
     assert main(["export", "--format", "ctranslate2", str(tupe), str(tmp_path / "y")]) == 2
 
 
+def test_export_refuses_a_setting_its_format_does_not_read_before_reading_anything(tmp_path):
+    from tformer.export import export
+
+    missing = tmp_path / "no-such-run"
+    with pytest.raises(ValueError, match="--quantization is for --format ctranslate2 and argos"):
+        export("onnx", missing, tmp_path / "out", quantization="int8")
+    with pytest.raises(ValueError, match=r"--shortlist is for --format ctranslate2 \(Argos"):
+        export("argos", missing, tmp_path / "out.argosmodel", shortlist=tmp_path / "list")
+    with pytest.raises(ValueError, match="unknown export format 'tflite'; choose one of ctranslate2, argos"):
+        export("tflite", missing, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_hugging_face_marian_with_our_weights_decodes_the_same(tmp_path):
     pytest.importorskip("transformers", reason="pip install transformers (part of the test extra)")
     import torch

@@ -25,9 +25,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tformer.checkpoint import CheckpointError, check_room, load_checkpoint
 from tformer.model import build_model
-from tformer.training import loop
-from tformer.training.checkpoint import CheckpointError, check_room, load_checkpoint
+from tformer.training import loop, step
 from tformer.training.loop import TrainingError, build_optimizer, train
 
 from conftest import tiny_config
@@ -46,7 +46,7 @@ RUN = ["--config", "copy", "model.d_model=32", "model.n_heads=4", "model.d_ff=64
 # its life: before the call, or, for safetensors files, after writing half of the file.
 KILLER = r"""
 import os, signal, sys
-from tformer.training import checkpoint as ck
+from tformer import checkpoint as ck
 K, n = int(os.environ["TFORMER_TEST_KILL_AT"]), [0]
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
@@ -449,7 +449,7 @@ def test_a_write_failing_mid_checkpoint_keeps_the_last_checkpoint(tmp_path):
 def _poison(monkeypatch, bad_calls: set[int]):
     """train_step_loss returning a NaN loss on the given calls (1-based), as a corrupt batch or an overflow
     would; the parameters before and after each update are recorded."""
-    real, n = loop.train_step_loss, [0]
+    real, n = step.train_step_loss, [0]
 
     def poisoned(*args, **kwargs):
         n[0] += 1
@@ -458,9 +458,9 @@ def _poison(monkeypatch, bad_calls: set[int]):
             return out._replace(loss=out.loss * float("nan"))
         return out
 
-    monkeypatch.setattr(loop, "train_step_loss", poisoned)
+    monkeypatch.setattr(step, "train_step_loss", poisoned)
     seen = []
-    real_update = loop._update
+    real_update = loop.take_update
 
     def update(model, optimizer, *a, **k):
         before = [p.detach().clone() for p in model.parameters()]
@@ -469,7 +469,7 @@ def _poison(monkeypatch, bad_calls: set[int]):
                      float(optimizer.state[next(iter(model.parameters()))].get("step", 0))))
         return ok
 
-    monkeypatch.setattr(loop, "_update", update)
+    monkeypatch.setattr(loop, "take_update", update)
     return seen
 
 

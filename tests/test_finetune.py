@@ -18,9 +18,10 @@ from hf_marian_models import make_folder  # noqa: E402
 
 import tformer  # noqa: E402
 import tformer.cli  # noqa: E402
-from tformer.api import train_config  # noqa: E402
+from tformer.checkpoint import load_checkpoint  # noqa: E402
 from tformer.errors import ConfigError  # noqa: E402
-from tformer.training.checkpoint import load_checkpoint  # noqa: E402
+from tformer.training.start import train_config  # noqa: E402
+from tformer.training.state import TrainerState  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +47,13 @@ def _args(setup, run, *more):
 KILL_AT_UPDATE = r"""
 import os, signal, sys
 from tformer.training import loop
-real, n = loop._update, [0]
+real, n = loop.take_update, [0]
 def update(*a, **k):
     n[0] += 1
     if n[0] == int(os.environ["TFORMER_TEST_KILL_AT_UPDATE"]):
         os.kill(os.getpid(), signal.SIGKILL)
     return real(*a, **k)
-loop._update = update
+loop.take_update = update
 from tformer.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -65,7 +66,7 @@ def test_fine_tuning_starts_from_the_imported_model_and_resumes_exactly(setup, t
     proc = subprocess.run(_args(setup, whole), capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = load_checkpoint(whole, "latest")
-    assert ckpt.state().step == 12 and ckpt.cfg.train.init_from == str(opus)
+    assert TrainerState.of(ckpt).step == 12 and ckpt.cfg.train.init_from == str(opus)
     imported = tformer.load(opus, device="cpu")
     assert ckpt.cfg.model == imported.config.model  # the architecture came with the weights
     assert [t.fingerprint() for t in ckpt.tokenizers] == [t.fingerprint() for t in imported.checkpoint.tokenizers]
@@ -84,7 +85,7 @@ def test_fine_tuning_starts_from_the_imported_model_and_resumes_exactly(setup, t
     killer = [sys.executable, "-c", KILL_AT_UPDATE, *_args(setup, cut)[3:]]
     p = subprocess.run(killer, capture_output=True, text=True, env={**env, "TFORMER_TEST_KILL_AT_UPDATE": "11"})
     assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]  # killed, not finished
-    assert load_checkpoint(cut, "latest").state().step == 8  # updates 9 and 10 died with it
+    assert TrainerState.of(load_checkpoint(cut, "latest")).step == 8  # updates 9 and 10 died with it
     assert not (cut / "checkpoints" / "step_0000012").exists()
     resumed = subprocess.run(_args(setup, cut, "--resume"), capture_output=True, text=True, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

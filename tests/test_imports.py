@@ -1,4 +1,6 @@
-"""No import cycles inside tformer, read from the source with `ast` (nothing is imported but tformer itself).
+"""The package's shape, read from the source with `ast` (nothing is imported but tformer itself): no import
+cycles; the sides that read the run folder (inference, import, export) stand on tformer.checkpoint and never
+on training; no module over 500 lines.
 
 Every `import` and `from ... import` counts, at module level or inside a function, relative ones resolved
 against the module's package; those under `if TYPE_CHECKING:` never run and are skipped. `from p import y`
@@ -185,3 +187,75 @@ def test_self_loops_and_components_are_reported_once(tmp_path):
     pkg = _package(tmp_path, {"__init__.py": "", "a.py": "import pkg.b\nimport pkg.c\n", "b.py": "import pkg.a\n",
                               "c.py": "import pkg.a\n", "d.py": "import pkg.d\nimport pkg.a\n"})
     assert cycles(import_graph(pkg, "pkg")) == [["pkg.a", "pkg.b", "pkg.a", "pkg.c", "pkg.a"], ["pkg.d", "pkg.d"]]
+
+
+# ------------------------------------------------------------------------------------------ boundaries
+
+# The modules that read (or write) the run folder without training a model: they stand on tformer.checkpoint,
+# the format itself among them, and import nothing of tformer.training, not even inside a function.
+TRAINING_FREE = ("tformer.checkpoint", "tformer.convert", "tformer.export", "tformer.api", "tformer.inference")
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def imports_into(graph: dict[str, set[str]], sources: tuple[str, ...], target: str) -> list[str]:
+    """'a imports b' for every module a of `sources` (packages with all their modules) whose edges reach into
+    `target` (the module or package b, or one of its modules)."""
+    return sorted(f"{m} imports {t}" for m, targets in graph.items() if _within(m, sources)
+                  for t in targets if _within(t, (target,)))
+
+
+def test_inference_import_and_export_never_import_training():
+    found = imports_into(import_graph(Path(tformer.__file__).parent, "tformer"), TRAINING_FREE, "tformer.training")
+    assert not found, ("the run-folder readers must stand on tformer.checkpoint, not on training (move what both "
+                       "need below them):\n" + "\n".join(found))
+
+
+def test_imports_into_finds_a_function_level_import_anywhere_in_a_package(tmp_path):
+    pkg = _package(tmp_path, {"__init__.py": "", "training/__init__.py": "", "training/start.py": "",
+                              "checkpoint.py": "", "training/loop.py": "from pkg import checkpoint\n",
+                              "convert/__init__.py": "from pkg import checkpoint\n",
+                              "convert/deep.py": "def f():\n    from ..training import start\n",
+                              "api.py": "import pkg.training\n"})
+    graph = import_graph(pkg, "pkg")
+    assert imports_into(graph, ("pkg.convert", "pkg.api", "pkg.checkpoint"), "pkg.training") == [
+        "pkg.api imports pkg.training", "pkg.convert.deep imports pkg.training.start"]
+    assert imports_into(graph, ("pkg.training",), "pkg.convert") == []
+
+
+# ------------------------------------------------------------------------------------------ size
+
+MAX_LINES = 500  # a module longer than this wants splitting by responsibility (STYLE.md)
+
+# Modules over MAX_LINES while they are being split (issue 63): remove each as its split lands; never add one.
+LONG_MODULES_ALLOWED = {
+    "tformer/api.py",  # the public face, being split: loading and the Translator apart from their inputs
+    "tformer/config.py",  # the dataclasses, being split from their checks (tformer/config_checks.py)
+}
+
+
+def long_modules(package_dir: Path, limit: int) -> dict[str, int]:
+    """Each module of the package with more than `limit` lines (path from the package's parent, '/'-separated)
+    -> its number of lines."""
+    out = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > limit:
+            out[path.relative_to(package_dir.parent).as_posix()] = n
+    return out
+
+
+def test_no_module_is_over_500_lines():
+    found = {p: n for p, n in long_modules(Path(tformer.__file__).parent, MAX_LINES).items()
+             if p not in LONG_MODULES_ALLOWED}
+    assert not found, (f"modules over {MAX_LINES} lines; split them where their responsibilities part (STYLE.md): "
+                       + ", ".join(f"{p} ({n})" for p, n in found.items()))
+
+
+def test_long_modules_counts_lines_in_subpackages(tmp_path):
+    pkg = _package(tmp_path, {"__init__.py": "", "a.py": "x = 1\n" * 3, "sub/__init__.py": "",
+                              "sub/b.py": "y = 2\n" * 4 + "z = 3"})
+    assert long_modules(pkg, 3) == {"pkg/sub/b.py": 5}
+    assert long_modules(pkg, 5) == {}

@@ -336,7 +336,7 @@ def test_random_positions_settings_that_cannot_work_are_refused():
 def test_training_with_random_positions_resumes_exactly(tmp_path):
     """Randomised positions are drawn from the seed and the update: a run stopped after 3 updates and resumed
     ends with the weights of an uninterrupted one; another seed draws others and ends elsewhere."""
-    from tformer.api import load, train
+    from tformer import load, train
 
     def cfg(steps, seed=1):
         c = tiny_config(positions="relative", relative_buckets=8, relative_max_distance=6)
@@ -373,7 +373,7 @@ def test_the_length_recipe_trains_with_random_positions_and_reads_longer_inputs(
     sinusoids written out, for the position vectors training draws (some past 40) and for what the encoder reads
     of the 60-token input (all 60 tokens and </s>, at positions 0 .. 60: nothing cut, nothing clamped)."""
     import tformer.model.embeddings as embeddings
-    from tformer.api import load, train
+    from tformer import load, train
 
     cfg = Config.from_yaml("copy_lengths", ["train.max_steps=3", "train.eval_every=3", "data.train_size=500",
                                             "data.valid_size=20", "data.test_size=20", "train.threads=1"])

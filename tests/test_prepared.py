@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from conftest import greedy_batch_ends, small_multi30k
+from tformer.checkpoint import load_checkpoint
 from tformer.config import DataConfig
 from tformer.data import load_task
 from tformer.data.batching import BatchPlan
@@ -30,7 +31,7 @@ from tformer.data.prepare import prepare
 from tformer.data.prepared import PreparedCorpus, token_dtype
 from tformer.data.translation import read_split, train_tokenizers
 from tformer.errors import ConfigError, DataError
-from tformer.training.checkpoint import load_checkpoint
+from tformer.training.state import TrainerState
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -316,7 +317,7 @@ def test_training_on_a_prepared_corpus_killed_and_resumed_equals_a_straight_run(
         time.sleep(0.02)
     p.kill()
     p.communicate()
-    state = load_checkpoint(run, "latest").state()
+    state = TrainerState.of(load_checkpoint(run, "latest"))
     assert 6 <= state.step < 12 and state.cursor == state.step  # mid-epoch: the cursor is what resumes
     p = _train(run, prepared, resume=True)
     _, err = p.communicate(timeout=600)

@@ -324,7 +324,7 @@ def _speech_config(corpus, steps, **train):
 
 
 def test_training_with_spec_augment_resumes_exactly_and_evaluation_never_masks(tmp_path):
-    from tformer.api import load, train
+    from tformer import load, train
 
     corpus = audio_corpus(tmp_path / "c")
 
@@ -355,7 +355,7 @@ def test_training_with_spec_augment_resumes_exactly_and_evaluation_never_masks(t
 
 
 def test_audio_reaches_the_translator_and_transcribe_as_files_waveforms_and_frames(tmp_path, capsys):
-    from tformer.api import load, train
+    from tformer import load, train
     from tformer.cli import main
 
     corpus = audio_corpus(tmp_path / "c")
@@ -398,7 +398,7 @@ def test_audio_reaches_the_translator_and_transcribe_as_files_waveforms_and_fram
 
 
 def test_a_universal_speech_model_maps_its_act_steps_over_the_recording(tmp_path, capsys):
-    from tformer.api import train
+    from tformer import train
     from tformer.cli import main
 
     corpus = audio_corpus(tmp_path / "c")

@@ -6,12 +6,13 @@ import dataclasses
 import pytest
 import torch
 
+from tformer.checkpoint import load_checkpoint
 from tformer.config import Config, DataConfig, ModelConfig, TrainConfig
 from tformer.data import load_task
 from tformer.errors import ConfigError
 from tformer.training.batches import SubwordSampling
-from tformer.training.checkpoint import load_checkpoint
 from tformer.training.loop import train
+from tformer.training.state import TrainerState
 
 from conftest import SHARED_DATA, small_multi30k
 
@@ -57,14 +58,14 @@ def test_a_run_with_sampling_resumes_exactly_and_validation_is_not_sampled(corpu
     train(split, tmp_path / "split")
     train(cfg, tmp_path / "split", resume=True)
     a, b = load_checkpoint(tmp_path / "full", "latest"), load_checkpoint(tmp_path / "split", "latest")
-    assert a.state().step == b.state().step == full.step > 5
+    assert TrainerState.of(a).step == TrainerState.of(b).step == full.step > 5
     wa, wb = a.weights(), b.weights()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     off = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, subword_sampling=0.0))
     train(off, tmp_path / "off")
     wo = load_checkpoint(tmp_path / "off", "latest").weights()
     assert any(not torch.equal(wa[k], wo[k]) for k in wa)  # sampling changed what was trained on
-    assert a.state().best["loss"] != load_checkpoint(tmp_path / "off", "latest").state().best["loss"]
+    assert TrainerState.of(a).best["loss"] != TrainerState.of(load_checkpoint(tmp_path / "off", "latest")).best["loss"]
 
 
 def test_sampling_outside_subword_translation_is_refused():

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tformer.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from tformer.config import TrainConfig
 from tformer.data import Vocab, collate
 from tformer.model import build_model
-from tformer.training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from tformer.training.loop import train, train_step_loss
 
 from conftest import tiny_config
@@ -287,7 +287,7 @@ def test_a_run_stopped_by_a_limit_short_of_its_target_says_which_and_how_to_trai
                   f"tformer train --run-dir {tmp_path / 'run'} --resume train.max_steps=6"):
         assert words in result.shortfall
     assert result.shortfall in [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    from tformer.api import train as train_api  # the advice, followed, trains on
+    from tformer import train as train_api  # the advice, followed, trains on
 
     assert train_api(None, tmp_path / "run", resume=True, overrides=["train.max_steps=6"]).step == 6
 

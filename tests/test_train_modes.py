@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 import tformer.training.compile as compile_mod
+from tformer.checkpoint import load_checkpoint
 from tformer.model import build_model
-from tformer.training.checkpoint import load_checkpoint
 from tformer.training.loop import train
 from tformer.training.precision import cpu_choice
 

@@ -21,8 +21,9 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from tformer.api import load, train, train_config
+    from tformer.api import load
     from tformer.recipes import find_recipe
+    from tformer.training.start import train, train_config
 
     recipe = find_recipe("copy")
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / f"demo-copy-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -76,10 +76,11 @@ def _student(args: argparse.Namespace, teacher, report) -> None:
     import json
     from pathlib import Path
 
-    from tformer.api import load, train
+    from tformer.api import load
     from tformer.distill import compare, format_rows, student_overrides
     from tformer.files import replace_atomically
     from tformer.shortlist import build_shortlist
+    from tformer.training.start import train
 
     run_dir = Path(args.student_dir)
     resume = (run_dir / "checkpoints").is_dir()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from tformer.export import FORMATS
+
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("export", help="export a checkpoint to CTranslate2, Hugging Face Marian or ONNX",
@@ -21,8 +23,7 @@ def add_parser(sub) -> None:
                         "installs and LibreTranslate serves. Vanilla models with sinusoidal or learned positions, "
                         "pre- or post-norm, ReLU, GELU or SiLU. Example: tformer export --format ctranslate2 "
                         "runs/m30k runs/m30k-ct2 --quantization int8")
-    sp.add_argument("--format", required=True, choices=("ctranslate2", "argos", "hf-marian", "onnx"),
-                    help="target format")
+    sp.add_argument("--format", required=True, choices=FORMATS, help="target format")
     sp.add_argument("checkpoint", metavar="RUN_DIR", help="run folder (its best checkpoint) or checkpoint folder")
     sp.add_argument("out", metavar="OUT", help="folder to write")
     sp.add_argument("--quantization", choices=("int8", "int8_float32", "int16", "float16", "bfloat16"),
@@ -34,34 +35,25 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.errors import ConfigError
-    from tformer.export import export_argos, export_ctranslate2, export_hf_marian, export_onnx
+    from tformer.export import export
 
-    if args.quantization and args.format not in ("ctranslate2", "argos"):
-        raise ConfigError("--quantization is for --format ctranslate2 and argos")
-    if args.shortlist and args.format != "ctranslate2":
-        raise ConfigError("--shortlist is for --format ctranslate2 (Argos Translate does not read a vocabulary map)")
+    out = export(args.format, args.checkpoint, args.out, quantization=args.quantization, shortlist=args.shortlist,
+                 force=args.force)
     if args.format == "argos":
-        out = export_argos(args.checkpoint, args.out, quantization=args.quantization or "int8", force=args.force)
         print(f"wrote the Argos Translate package {out} (from {args.checkpoint}); install it with "
               f"python -c \"import argostranslate.package as p; p.install_from_path('{out}')\"; LibreTranslate then "
               "serves it (ARGOS_CHUNK_TYPE=SPACY splits sentences offline with the packaged spaCy pipeline)")
-        return 0
-    if args.format == "hf-marian":
-        out = export_hf_marian(args.checkpoint, args.out, force=args.force)
+    elif args.format == "hf-marian":
         print(f"wrote the Hugging Face Marian folder {out} (from {args.checkpoint}); load it with "
               "transformers.MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained")
-        return 0
-    if args.format == "onnx":
-        enc, step = export_onnx(args.checkpoint, args.out)
-        print(f"wrote {enc} (encoder + first step) and {step} (one decoding step) from {args.checkpoint}")
+    elif args.format == "onnx":
+        print(f"wrote {out / 'encoder.onnx'} (encoder + first step) and {out / 'step.onnx'} (one decoding step) from "
+              f"{args.checkpoint}")
         print("see tformer.export.onnx_greedy for the decoding loop over them (onnxruntime)")
-        return 0
-    out = export_ctranslate2(args.checkpoint, args.out, quantization=args.quantization, force=args.force,
-                             shortlist=args.shortlist)
-    print(f"wrote the CTranslate2 model {out} (from {args.checkpoint}"
-          f"{', ' + args.quantization if args.quantization else ''}"
-          f"{', vocabulary map vmap.txt (use_vmap=True)' if args.shortlist else ''})")
-    print("translate with ctranslate2.Translator, feeding the checkpoint's pieces (tformer.export.translate_ctranslate2 "
-          "does the tokenising)")
+    else:
+        print(f"wrote the CTranslate2 model {out} (from {args.checkpoint}"
+              f"{', ' + args.quantization if args.quantization else ''}"
+              f"{', vocabulary map vmap.txt (use_vmap=True)' if args.shortlist else ''})")
+        print("translate with ctranslate2.Translator, feeding the checkpoint's pieces "
+              "(tformer.export.translate_ctranslate2 does the tokenising)")
     return 0

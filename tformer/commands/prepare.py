@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.api import prepare, train_config
+    from tformer.training.start import prepare, train_config
 
     if args.print_config:
         common.print_config(train_config(args.config, overrides=args.overrides))

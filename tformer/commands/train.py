@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tformer.api import train, train_config
+    from tformer.training.start import train, train_config
     from tformer.errors import ConfigError
 
     if args.resume and not args.run_dir:

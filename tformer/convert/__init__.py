@@ -47,7 +47,7 @@ def remove(out: Path) -> None:
 
 
 def read(fmt: str, src: str | Path, overrides: list[str] = ()):
-    """The checkpoint a foreign model folder holds (converted in memory), as tformer.training.checkpoint reads
+    """The checkpoint a foreign model folder holds (converted in memory), as tformer.checkpoint reads
     its own."""
     from tformer.convert.hf_marian import read_hf_marian
     from tformer.convert.marian import read_marian
@@ -69,7 +69,7 @@ def open_checkpoint(path: str | Path, which: str = "best", overrides: list[str] 
     Face MarianMT folder or a Marian model folder, converted in memory."""
     from tformer.convert.hf_marian import is_hf_folder
     from tformer.convert.marian import is_marian_folder
-    from tformer.training.checkpoint import load_checkpoint
+    from tformer.checkpoint import load_checkpoint
 
     if is_hf_folder(path) or hub_name(Path(path)):
         return read("hf-marian", path, list(overrides))
@@ -83,7 +83,7 @@ def import_model(fmt: str, src: str | Path, out: str | Path, force: bool = False
     `latest`; trainer.json records where it came from). Everything is read and checked before anything is
     written; `out` must not exist unless `force`. Returns the checkpoint folder."""
     from tformer.model import build_model
-    from tformer.training.checkpoint import save_checkpoint
+    from tformer.checkpoint import save_checkpoint
 
     out = Path(out)
     replaceable(out, Path(src), force)

@@ -36,7 +36,7 @@ from tformer.data.tokenizer import PieceTableTokenizer
 from tformer.data.vocab import SPECIALS, Vocab
 from tformer.errors import CheckpointError, DataError
 from tformer.positions import sinusoidal_table
-from tformer.training.checkpoint import FORMAT, FORMAT_VERSION, Checkpoint
+from tformer.checkpoint import FORMAT, FORMAT_VERSION, Checkpoint
 
 NO_PROBABILITY = -1e4  # output bias of the duplicated <pad> entry (see the module docstring)
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}  # transformers -> tformer

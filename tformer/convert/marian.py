@@ -33,7 +33,7 @@ from tformer.config import Config, ConfigError, DataConfig, DecodeConfig, ModelC
 from tformer.convert.hf_marian import NO_PROBABILITY, ImportedCheckpoint, check_pieces, piece_tokenizers
 from tformer.data.vocab import SPECIALS, Vocab
 from tformer.errors import CheckpointError
-from tformer.training.checkpoint import FORMAT, FORMAT_VERSION
+from tformer.checkpoint import FORMAT, FORMAT_VERSION
 
 ACTIVATIONS = {"swish": "silu", "relu": "relu"}
 LAYER_NORM_EPS = 1e-6  # Marian's layer_norm(..., 1e-6)

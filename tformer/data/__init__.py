@@ -121,7 +121,7 @@ def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tok
                       progress: bool = False) -> TaskData:
     """From a prepared corpus (data.prepared, or the cache's, prepared now if needed): the training split stays
     in its memory-mapped shards, the others are read into lists; texts are read when first asked for."""
-    from tformer.data.prepare import prepared_corpus
+    from tformer.data.corpus_cache import prepared_corpus
 
     if joint and not cfg.joint_vocab:
         raise ConfigError("config key 'model.share_embeddings' needs one joint vocabulary: set data.joint_vocab=true")

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from tformer.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, list_checkpoints, load_checkpoint,
+                                ranked_checkpoints, resolve_checkpoint)
 from tformer.model.transformer import upgrade_state
-from tformer.training.checkpoint import (FORMAT, FORMAT_VERSION, CheckpointError, list_checkpoints, load_checkpoint,
-                                      ranked_checkpoints, resolve_checkpoint)
 
 
 def _checkpoints_folder(run_dir: str | Path) -> Path:

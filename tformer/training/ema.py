@@ -9,7 +9,7 @@ n counting the updates averaged so far: the ramp (TensorFlow's ExponentialMoving
 keeps the first updates, when the average would otherwise still be the random initialisation, from
 dominating it. The average is float32 whatever train.precision is, lives on the model's device, and is saved
 in each checkpoint as ema.safetensors; validation scores it (and the raw weights), the best checkpoint is
-chosen by it, and inference loads it (tformer.training.checkpoint.Checkpoint.load_model_state).
+chosen by it, and inference loads it (tformer.checkpoint.Checkpoint.load_model_state).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from tformer.checkpoint import Checkpoint, unique_state
 from tformer.errors import CheckpointError
-from tformer.training.checkpoint import Checkpoint, unique_state
+from tformer.training.state import TrainerState
 
 log = logging.getLogger("tformer")
 
@@ -50,7 +51,7 @@ class EMA:
         if tensors.keys() != expected.keys() or any(tensors[k].shape != v.shape for k, v in expected.items()):
             raise CheckpointError(f"{ckpt.weights_file('ema')}: its tensors do not fit the model (a damaged or "
                                   "tampered file); resume from an earlier checkpoint")
-        return cls(model, decay, tensors, ckpt.state().ema_updates)
+        return cls(model, decay, tensors, TrainerState.of(ckpt).ema_updates)
 
     def rate(self) -> float:
         """The decay of the next update."""

@@ -1,5 +1,10 @@
-"""The training loop: token-budget batches, Adam + schedule, accumulation, clipping, evaluation,
-checkpoints and resume.
+"""The training loop: a Trainer builds (or restores) a run's model, optimizer, batches and state, then takes
+updates, validating and checkpointing as configured, until a limit stops it.
+
+    tformer.training.step         one optimizer update (accumulation, clipping, NaN/inf skipped), the optimizer
+    tformer.training.validation   the validation split decoded and scored; which validation is better
+    tformer.training.progress     metrics.jsonl, TensorBoard, the progress bar and the log lines
+    tformer.checkpoint            the run folder it writes and resumes from
 
 The batch order is a pure function of (seed, epoch), and a checkpoint records the TrainerState (the epoch
 and the cursor in it among the rest), the optimizer and the RNG: `resume` continues exactly where the run
@@ -8,43 +13,37 @@ stopped.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
 import logging
-import math
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipywidgets
 
-from tformer.config import SPEECH_TASKS, Config, TrainConfig, same_architecture, save_config
+from tformer.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints, load_checkpoint,
+                                load_tokenizers, resolve_checkpoint, save_checkpoint, save_tokenizers)
+from tformer.config import SPEECH_TASKS, Config, same_architecture, save_config
 from tformer.convert import open_checkpoint
-from tformer.data import Batch, Vocab, load_task
+from tformer.data import Batch, load_task
 from tformer.errors import ConfigError, TformerError, TrainingError
-from tformer.evaluation import evaluate
-from tformer.model import Transformer, build_model
-from tformer.data.specaugment import SpecAugment
-from tformer.positions import RandomPositions
-from tformer.training import distributed
-from tformer.training.checkpoint import (CheckpointError, NoCheckpointError, check_room, list_checkpoints,
-                                      load_checkpoint, load_tokenizers, resolve_checkpoint, save_checkpoint,
-                                      save_tokenizers)
-from tformer.training.distributed import Context, all_reduce_update
-from tformer.training.ema import EMA
-from tformer.training.compile import CompiledForward, cache_dir as compile_cache_dir
-from tformer.training.precision import Precision
-from tformer.training.loss import ctc_loss, generator_loss
+from tformer.model import build_model
+from tformer.training import distributed, limits, threads as cpu_threads
 from tformer.training.batches import Batches, SubwordSampling, prefetch
-from tformer.training import limits, threads as cpu_threads
+from tformer.training.compile import CompiledForward, cache_dir as compile_cache_dir
+from tformer.training.distributed import Context
+from tformer.training.ema import EMA
+from tformer.training.precision import Precision
+from tformer.training.progress import RunLog, Window, show, summary_writer_class
 from tformer.training.schedule import learning_rate
-from tformer.training.state import TrainerState, validation_key
+from tformer.training.state import TrainerState
+from tformer.training.step import build_optimizer, take_update
+from tformer.training.step import train_step_loss  # noqa: F401  (imported from here by tests and the tutorials)
+from tformer.training.validation import better, report, validate
 
 log = logging.getLogger("tformer")
 
@@ -85,171 +84,6 @@ class _StopOnSigint:
             signal.signal(signal.SIGINT, self._old)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Adam:
-    """Adam with the configured betas/eps, fused (one kernel over all parameters: 3x faster than the
-    per-parameter loop on this CPU) where torch has it for the parameters' device."""
-    t = cfg.train
-    params = list(model.parameters())
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    return torch.optim.Adam(params, lr=learning_rate(1, t, cfg.model.d_model), betas=t.betas, eps=t.adam_eps,
-                            weight_decay=t.weight_decay, fused=fused)
-
-
-class StepLoss(NamedTuple):
-    loss: torch.Tensor  # summed smoothed loss (+ ponder_weight x ponder cost for a universal transformer)
-    nll: torch.Tensor  # summed nll
-    correct: int  # correct next-token predictions
-    ponder_steps: float = 0.0  # ACT steps summed over source and target positions (universal transformer)
-    aux_loss: float = 0.0  # the part of `loss` that is not the decoder's (ponder cost, CTC): left out of the log
-    positions: int = 0  # the positions those steps are over
-
-
-def train_step_loss(model: Transformer, batch, eps: float, ponder_weight: float = 0.0,
-                    positions: RandomPositions | None = None, ctc_weight: float = 0.0) -> StepLoss:
-    """Summed smoothed loss, summed nll and correct predictions for one batch (generator on real
-    positions only: padding costs no vocabulary projection). A universal transformer adds its ponder cost
-    (N + R summed over real source and target positions) times `ponder_weight` to the loss. `positions`:
-    randomised positions for this batch (train.random_positions). A model with a CTC layer (model.ctc) mixes in its
-    loss: ctc_weight x CTC + (1 - ctc_weight) x the decoder's; the logged loss and nll stay the decoder's."""
-    output = model(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_lengths, positions=positions)
-    hidden = output.real()  # (N, D)
-    real = batch.tgt_out != Vocab.pad  # (B, T)
-    target = batch.tgt_out[real]  # (N,)
-    out = generator_loss(hidden, model.generator, target, eps, Vocab.pad)  # logits (N, V) in row chunks
-    loss, aux = out.loss, 0.0
-    if model.ctc is not None and ctc_weight:
-        loss = (1 - ctc_weight) * out.loss + ctc_weight * ctc_loss(model, output.encoder, batch.tgt_out,
-                                                                  batch.tgt_lengths)
-        aux = float(loss.detach() - out.loss.detach())
-    if output.ponder is None:
-        return StepLoss(loss, out.nll, out.correct, aux_loss=aux)
-    cost = sum(p.cost for p in output.ponder)
-    steps = float(sum(p.steps.sum() for p in output.ponder))
-    positions = sum(int((p.steps > 0).sum()) for p in output.ponder)  # real positions (model frames for features)
-    aux += float(ponder_weight * cost.detach())
-    return StepLoss(loss + ponder_weight * cost, out.nll, out.correct, steps, aux, positions)
-
-
-class _Window:
-    """Sums over the updates since the last log line."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.loss = self.nll = self.seconds = self.ponder = 0.0
-        self.correct = self.src = self.tgt = self.positions = self.skipped = 0
-
-    def flush(self) -> dict[str, float]:
-        """The averages since the last flush over the updates taken (skipped ones count only in 'skipped');
-        then start a new window."""
-        out = {"loss": self.loss / self.tgt, "nll": self.nll / self.tgt, "token_acc": self.correct / self.tgt,
-               "tok_per_s": (self.src + self.tgt) / self.seconds}
-        if self.positions:
-            out["ponder"] = self.ponder / self.positions  # mean ACT steps per position
-        if self.skipped:
-            out["skipped"] = self.skipped  # updates skipped for a NaN/inf loss or gradient
-        self.reset()
-        return out
-
-
-def _update(model: Transformer, optimizer: torch.optim.Optimizer, micro: list[Batch], lr: float,
-            t: TrainConfig, window: _Window, ctx: Context = Context(), amp: Precision | None = None,
-            step: int = 0) -> bool:
-    """One optimizer update over the batches `micro` (gradient accumulation), the loss normalised by
-    the target tokens of all of them: exactly one big batch's gradient. Under torchrun `micro` is this
-    process's share of the update; every process divides its loss by the target tokens of the whole update
-    (summed over the processes first) before its backward pass, as one process does with all the batches, so
-    the gradients summed over the processes are the one process's sum, also where autocast rounds the
-    backward's products to bf16 (dividing afterwards rounded them differently: 3% of an update's size).
-
-    Returns False, leaving the weights and the optimizer as they were, when the loss or the gradient norm
-    is NaN/inf (every process sees the same sums, so all skip together). Under fp16 an overflowing gradient
-    is the scaler's business (it skips and lowers its scale); only a non-finite loss is a fault there.
-    `step` (the update's number) seeds randomised positions and SpecAugment's masks, with the process and the
-    batch: a resume draws the same ones."""
-    tic = time.perf_counter()
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad(set_to_none=True)
-    n_tgt = distributed.sum_ranks(ctx, sum(b.n_tgt_tokens for b in micro))  # the whole update's
-    augment = SpecAugment.from_config(t)
-    # local sums: loss (without ponder), nll, correct, ponder steps, positions, source tokens
-    sums = [0.0] * 6
-    for j, b in enumerate(micro):
-        b = b.to(ctx.device)
-        positions = (RandomPositions(t.random_positions, t.seed, step, ctx.rank, j, draw=t.random_draw)
-                     if t.random_positions else None)
-        if augment is not None:  # SpecAugment, seeded like the positions; masked values read as the mean
-            b = dataclasses.replace(b, src=augment(b.src, b.src_lengths, t.seed, step, ctx.rank, j,
-                                                   fill=getattr(model.src_embed, "cmvn_mean", None)))
-        with amp.autocast() if amp else contextlib.nullcontext():
-            out = train_step_loss(model, b, t.label_smoothing, t.ponder_weight, positions, t.ctc_weight)
-        loss = out.loss / n_tgt
-        (amp.scaler.scale(loss) if amp and amp.scaler else loss).backward()
-        for i, v in enumerate((float(out.loss.detach()) - out.aux_loss, float(out.nll.detach()), out.correct,
-                               out.ponder_steps, out.positions, b.n_src_tokens)):
-            sums[i] += v
-    if ctx.enabled:
-        sums = all_reduce_update(ctx, [p for p in model.parameters() if p.requires_grad], sums)
-    scaler = amp.scaler if amp else None
-    if scaler:
-        scaler.unscale_(optimizer)  # every process sees the same summed gradients: the same overflow verdict
-    norm = _grad_norm(model, t.clip_norm)
-    finite = math.isfinite(sums[0]) and (scaler is not None or math.isfinite(norm))
-    if scaler:
-        scaler.step(optimizer)  # skips by itself when the gradients hold inf/NaN
-        scaler.update()
-    elif finite:
-        optimizer.step()
-    if not finite:
-        optimizer.zero_grad(set_to_none=True)
-        window.skipped += 1
-        window.seconds += time.perf_counter() - tic
-        return False
-    window.loss += sums[0]  # the logged loss is comparable across models
-    window.nll += sums[1]
-    window.correct += int(sums[2])
-    window.ponder += sums[3]
-    window.positions += int(sums[4])
-    window.src += int(sums[5])
-    window.tgt += int(n_tgt)
-    window.seconds += time.perf_counter() - tic
-    return True
-
-
-def _grad_norm(model: torch.nn.Module, clip_norm: float) -> float:
-    """The gradients' global L2 norm, clipped to `clip_norm` when that is set (a NaN/inf norm clips nothing)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return 0.0
-    if clip_norm:
-        return float(torch.nn.utils.clip_grad_norm_(params, clip_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
-
-
-def _better(metrics: dict[str, float], best: dict[str, Any] | None) -> bool:
-    """A better validation than the best so far (`validation_key`)."""
-    return best is None or validation_key(metrics) > validation_key(best)
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop records written after the checkpoint a resume starts from: those steps will run again."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a record cut short by a crash mid-write
-            continue
-        if record.get("step", 0) <= step:
-            kept.append(line if line.endswith("\n") else line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    tmp.replace(path)
-
-
 def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = False) -> TrainResult:
     """Train `cfg` into `run_dir`, or continue it (`resume`). Under torchrun (WORLD_SIZE > 1) every process
     calls this; see tformer.training.distributed."""
@@ -281,7 +115,7 @@ class Trainer:
         if t.threads:
             torch.set_num_threads(t.threads)
         if t.tensorboard:
-            _summary_writer_class()  # fail before any work when the package is missing
+            summary_writer_class()  # fail before any work when the package is missing
         ckpt, self.restarted = self._checkpoint_to_resume(resume)
         init = open_checkpoint(t.init_from) if t.init_from and ckpt is None else None  # fine-tuning starts here
         torch.manual_seed(t.seed)
@@ -305,7 +139,7 @@ class Trainer:
         if ckpt:
             ckpt.load_model_state(self.model, "raw")
             ckpt.load_training_state(self.optimizer, ctx.rank, self.model)
-            self.state = ckpt.state()
+            self.state = TrainerState.of(ckpt)
             self.amp.load(self.state.grad_scaler)
             log.info("resumed from %s (step %d, epoch %d, update %d of %d in it)", ckpt.path, self.state.step,
                      self.state.epoch, self.state.cursor, self.batches.per_epoch)
@@ -318,7 +152,7 @@ class Trainer:
         self.state.ema_updates = 0 if self.ema is None else self.ema.updates
         self.resumed = ckpt is not None
         self.last_eval_step = self.state.step if ckpt else -1
-        self.window = _Window()
+        self.window = Window()
         if ctx.main:
             save_config(cfg, run_dir / "config.yaml")
         n_params = sum(p.numel() for p in self.model.parameters())
@@ -358,25 +192,21 @@ class Trainer:
             latest = resolve_checkpoint(self.run_dir, "latest")
             return TrainResult(self.run_dir, latest, state.step, state.best, state.elapsed, state.reached_target,
                                stopped_by=ended, shortfall=self._shortfall(ended))
-        if (self.resumed or self.restarted) and ctx.main:
-            _truncate_metrics(self.run_dir / "metrics.jsonl", state.step)
+        self.run_log = RunLog(self.run_dir, ctx.main, t.tensorboard,
+                              state.step if self.resumed or self.restarted else None)
         self.recorder = self._recorder()
-        self.board = (_tensorboard(self.run_dir, state.step if self.resumed or self.restarted else None)
-                      if t.tensorboard and ctx.main else None)
         self.session_start, self.elapsed0 = time.perf_counter(), state.elapsed
         total = t.epochs * self.batches.per_epoch
         total = min(t.max_steps, total) if t.max_steps else total
         bar = tqdm(total=total, initial=min(state.step, total), disable=not self.progress, unit="step",
                    dynamic_ncols=True)
-        metrics_log = (open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") if ctx.main
-                       else contextlib.nullcontext())
         self.model.train()
         self.clock = limits.Clock(state.step, total, self.batches.per_epoch)
         sharing = cpu_threads.Sharing()
         sharing.start()
         stop = interrupted = False
         limit = ""
-        with _StopOnSigint() as sigint, bar, metrics_log as self.metrics_log, self.board or contextlib.nullcontext():
+        with _StopOnSigint() as sigint, bar, self.run_log:
             while state.epoch < t.epochs and not stop:
                 updates = prefetch(self.batches.updates(state.epoch, state.cursor))
                 try:
@@ -442,8 +272,8 @@ class Trainer:
         state = self.state
         self.lr = learning_rate(state.step + 1, self.t, self.cfg.model.d_model)
         tic = time.perf_counter()
-        ok = _update(self.forward, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp,
-                     state.step + 1)
+        ok = take_update(self.forward, self.optimizer, micro, self.lr, self.t, self.window, self.ctx, self.amp,
+                         state.step + 1)
         if isinstance(self.forward, CompiledForward) and self.forward.just_compiled():
             log.info("train.compile: the first update took %.1f s, compiling included; inductor keeps the code in "
                      "%s for the next run", time.perf_counter() - tic, compile_cache_dir())
@@ -463,14 +293,8 @@ class Trainer:
         epoch = state.epoch - (state.cursor == 0)  # the epoch this update belonged to
         rec = {"kind": "train", "step": state.step, "epoch": epoch, "lr": self.lr, **window.flush(),
                "elapsed": round(self._elapsed(), 2)}
-        self._write(rec)
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['token_acc']:.3f}", lr=f"{self.lr:.2e}",
-                        tok_s=f"{rec['tok_per_s']:.0f}", **({"ponder": f"{rec['ponder']:.2f}"} if "ponder" in rec
-                                                           else {}), refresh=False)
-        if not self.progress:
-            ponder = f"  ponder {rec['ponder']:.2f} steps" if "ponder" in rec else ""
-            log.info("step %d  epoch %d  loss %.4f  token acc %.4f  lr %.2e  %.0f tok/s%s", state.step, epoch,
-                     rec["loss"], rec["token_acc"], self.lr, rec["tok_per_s"], ponder)
+        self.run_log.write(rec)
+        show(rec, bar, to_log=not self.progress)
 
     def _elapsed(self) -> float:
         return self.elapsed0 + time.perf_counter() - self.session_start
@@ -485,22 +309,6 @@ class Trainer:
             (f"train.max_hours={t.max_hours:g}", t.max_hours and elapsed >= t.max_hours * 3600),
             (f"train.target_exact_match={t.target_exact_match:g}", t.target_exact_match and state.reached_target),
             (f"train.patience={t.patience}", t.patience and state.bad_evals >= t.patience)) if reached), "")
-
-    def _write(self, record: dict[str, Any]) -> None:
-        if not self.ctx.main:
-            return
-        try:
-            self.metrics_log.write(json.dumps(record) + "\n")
-            self.metrics_log.flush()
-        except OSError as e:
-            raise TrainingError(f"could not write {self.run_dir / 'metrics.jsonl'} at step {self.state.step} "
-                                f"({e.strerror or e}); the last checkpoint is intact: free space and continue with "
-                                "--resume") from None
-        if self.board is not None:
-            for key, value in record.items():
-                if key not in ("kind", "step") and isinstance(value, (int, float)):
-                    self.board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
-            self.board.flush()
 
     def _recorder(self):
         if not (self.t.attention_examples and self.ctx.main):
@@ -530,7 +338,7 @@ class Trainer:
                                 f"nothing was saved, the last checkpoint in {self.run_dir / 'checkpoints'} is intact. "
                                 "Lower train.lr and continue with --resume")
         best = False
-        if metrics is not None and _better(metrics, state.best):
+        if metrics is not None and better(metrics, state.best):
             state.best, state.best_step, best = metrics, state.step, True
         if metrics is not None:
             state.bad_evals = 0 if best else state.bad_evals + 1
@@ -588,36 +396,16 @@ class Trainer:
         return metrics
 
     def _evaluate_on_main(self) -> dict[str, Any]:
-        cfg, state = self.cfg, self.state
-        decode = dataclasses.replace(cfg.decode, strategy="greedy" if self.t.valid_beam == 1 else "beam",
-                                     beam_size=self.t.valid_beam, nbest=1)
-        tic = time.perf_counter()
-
-        def score() -> dict[str, Any]:
-            return evaluate(self.model, self.valid_examples, cfg, decode=decode, references=self.valid_refs,
-                            tokenizer=self.tokenizers[1])[0]
-
-        metrics = score()
-        if self.ema is not None:  # the average is what the best checkpoint is chosen by; the raw weights beside it
-            with self.ema.swapped_in(self.model):
-                metrics = {**score(), **{f"raw_{k}": v for k, v in metrics.items()}}
-        metrics["eval_seconds"] = time.perf_counter() - tic
+        state = self.state
+        metrics = validate(self.model, self.valid_examples, self.cfg, self.valid_refs, self.tokenizers[1], self.ema)
         if self.recorder is not None:
             self.recorder.record(self.model, state.step)
         if self.t.target_exact_match and metrics.get("exact_match", 0.0) >= self.t.target_exact_match:
             state.reached_target = True
         epoch = state.epoch - (state.cursor == 0 and state.step > 0)
-        self._write({"kind": "valid", "step": state.step, "epoch": epoch, "elapsed": round(self._elapsed(), 2),
-                     **{k: round(v, 6) for k, v in metrics.items()}})
-        scores = (f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}" if "bleu" in metrics
-                  else f"CER {metrics['cer']:.2f}%  WER {metrics['wer']:.2f}%" if "cer" in metrics
-                  else f"exact match {metrics['exact_match']:.4f}")
-        if self.ema is not None:
-            scores += "  (moving average; raw weights: " + (
-                f"BLEU {metrics['raw_bleu']:.2f})" if "bleu" in metrics else f"CER {metrics['raw_cer']:.2f}%)"
-                if "cer" in metrics else f"exact match {metrics['raw_exact_match']:.4f})")
-        log.info("valid step %d: loss %.4f  ppl %.3f  token acc %.4f  %s  (%.0f s)", state.step, metrics["loss"],
-                 metrics["ppl"], metrics["token_acc"], scores, metrics["eval_seconds"])
+        self.run_log.write({"kind": "valid", "step": state.step, "epoch": epoch, "elapsed": round(self._elapsed(), 2),
+                            **{k: round(v, 6) for k, v in metrics.items()}})
+        report(metrics, state.step)
         return metrics
 
 
@@ -649,18 +437,3 @@ def _load_data(cfg: Config, run_dir: Path, ckpt, ctx: Context, progress: bool = 
         kind, why = problem
         raise kind(f"rank 0 could not read the data ({why})")
     return load_task(cfg.data, splits, tokenizers=ckpt.tokenizers if ckpt else load_tokenizers(run_dir), **kwargs)
-
-
-def _tensorboard(run_dir: Path, resumed_step: int | None):
-    """A SummaryWriter on RUN_DIR/tensorboard; a resume drops the events after its checkpoint."""
-    purge_step = None if resumed_step is None else resumed_step + 1
-    return _summary_writer_class()(str(run_dir / "tensorboard"), purge_step=purge_step)
-
-
-def _summary_writer_class():
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ConfigError("train.tensorboard=true needs the tensorboard package: pip install tensorboard "
-                          "(or leave it off: metrics.jsonl and `tformer plot RUN_DIR` need nothing more)") from None
-    return SummaryWriter

@@ -1,4 +1,4 @@
-"""Starting work from Python (the public API re-exports these from tformer.api): `train` a model into a run
+"""Starting work from Python (the public API: tformer.train, tformer.prepare): `train` a model into a run
 folder or continue one, the configuration it would run with (`train_config`), and `prepare` a corpus."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from tformer.checkpoint import load_checkpoint
 from tformer.config import FINE_TUNABLE, Config
 from tformer.errors import ConfigError, NoCheckpointError
-from tformer.training.checkpoint import load_checkpoint
 
 
 def train_config(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *,

@@ -3,7 +3,8 @@ it field for field (the weights, the optimizer's moments and every process's ran
 in the checkpoint's safetensors files), and `--resume` starts from it.
 
 The data cursor is (epoch, cursor): the batch order of an epoch is a function of (seed, epoch), so the
-updates already taken in it are all a resume needs to continue with the next batch.
+updates already taken in it are all a resume needs to continue with the next batch. The kinds of trainer.json's
+values, and how validations rank (`validation_key`), are the run-folder format's own (tformer.checkpoint).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tformer.errors import CheckpointError
+from tformer.checkpoint import Checkpoint, check_fields
 
 LEGACY_NAMES = {"update_in_epoch": "cursor"}  # trainer.json keys of earlier versions -> field
 
@@ -45,6 +46,11 @@ class TrainerState:
             self.cursor = 0
 
     @classmethod
+    def of(cls, ckpt: Checkpoint) -> "TrainerState":
+        """Where the run stood when `ckpt` was written (its trainer.json)."""
+        return cls.from_json(ckpt.trainer, ckpt.path / "trainer.json")
+
+    @classmethod
     def from_json(cls, info: dict[str, Any], file: Path | str = "trainer.json") -> "TrainerState":
         """The state a trainer.json records (earlier versions' key names too); a value of the wrong kind is a
         CheckpointError naming the key as written in `file`."""
@@ -54,26 +60,3 @@ class TrainerState:
         state.reached_target = False
         return state
 
-
-def validation_key(metrics: dict[str, Any]) -> tuple[float, float]:
-    """How validations rank, larger is better: BLEU (translation), lower character error rate (speech) or
-    exact match (synthetic tasks), ties going to the lower validation loss. Never the test set."""
-    if "cer" in metrics:
-        return -metrics["cer"], -metrics["loss"]
-    return metrics.get("bleu" if "bleu" in metrics else "exact_match", 0.0), -metrics["loss"]
-
-
-_COUNTS = ("step", "epoch", "cursor", "bad_evals", "bad_updates", "skipped_updates", "world_size", "ema_updates")
-_KINDS: dict[str, tuple[type, ...]] = {**{k: (int,) for k in _COUNTS}, "update_in_epoch": (int,),
-                                       "elapsed": (int, float), "param_groups": (list,)}
-
-
-def check_fields(info: dict[str, Any], file: Path | str) -> None:
-    for key, kind in _KINDS.items():
-        if key not in info:
-            continue
-        v = info[key]
-        if not isinstance(v, kind) or isinstance(v, bool) or (kind == (int,) and v < 0):
-            what = {(int,): "whole number >= 0", (int, float): "number", (list,): "list"}[kind]
-            raise CheckpointError(f"{file}: '{key}' is {v!r}, not a {what}; the file is damaged or tampered (use "
-                                  "an earlier checkpoint)")

@@ -1,10 +1,13 @@
-"""Checkpoints: safetensors weights with config and vocabularies beside them as text.
+"""The run-folder format every side of tformer stands on: training writes it, inference (tformer.api,
+tformer.inference) reads it, import (tformer.convert) writes it from other toolkits' models and export
+(tformer.export) reads it. Safetensors weights with config and vocabularies beside them as text.
 
     RUN_DIR/checkpoints/step_000500/
         model.safetensors       weights (tied tensors stored once)
         ema.safetensors         their exponential moving average (train.ema), same names; inference loads it
         optimizer.safetensors   optimizer moments and the RNG state, for resume
-        trainer.json            the TrainerState (step, epoch, data cursor, best, ...), optimizer hyper-parameters
+        trainer.json            the TrainerState (step, epoch, data cursor, best, ...; tformer.training.state
+                                reads it), optimizer hyper-parameters
         config.yaml             the full configuration
         vocab.src.txt, vocab.tgt.txt
         spm.src.model, spm.tgt.model   SentencePiece tokenizers (translation task)
@@ -37,13 +40,38 @@ from tformer.data.vocab import Vocab
 from tformer.errors import CheckpointError, DataError, NoCheckpointError
 from tformer.files import replace_atomically
 from tformer.model.transformer import legacy_parameter_order, upgrade_state
-from tformer.training.state import TrainerState, check_fields, validation_key
 
 Tokenizers = tuple[Tokenizer, Tokenizer]
 
 FORMAT = "tformer-checkpoint"
 FORMAT_VERSION = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def validation_key(metrics: dict[str, Any]) -> tuple[float, float]:
+    """How validations rank, larger is better: BLEU (translation), lower character error rate (speech) or
+    exact match (synthetic tasks), ties going to the lower validation loss. Never the test set. Training
+    points `best` at the checkpoint ranked first; pruning keeps the `keep_best` first (`ranked_checkpoints`)."""
+    if "cer" in metrics:
+        return -metrics["cer"], -metrics["loss"]
+    return metrics.get("bleu" if "bleu" in metrics else "exact_match", 0.0), -metrics["loss"]
+
+
+_COUNTS = ("step", "epoch", "cursor", "bad_evals", "bad_updates", "skipped_updates", "world_size", "ema_updates")
+_KINDS: dict[str, tuple[type, ...]] = {**{k: (int,) for k in _COUNTS}, "update_in_epoch": (int,),
+                                       "elapsed": (int, float), "param_groups": (list,)}
+
+
+def check_fields(info: dict[str, Any], file: Path | str) -> None:
+    """The kinds of trainer.json's values: a CheckpointError naming the key of `file` that is not one."""
+    for key, kind in _KINDS.items():
+        if key not in info:
+            continue
+        v = info[key]
+        if not isinstance(v, kind) or isinstance(v, bool) or (kind == (int,) and v < 0):
+            what = {(int,): "whole number >= 0", (int, float): "number", (list,): "list"}[kind]
+            raise CheckpointError(f"{file}: '{key}' is {v!r}, not a {what}; the file is damaged or tampered (use "
+                                  "an earlier checkpoint)")
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -340,10 +368,6 @@ class Checkpoint:
     tokenizers: Tokenizers  # (source, target); each has .vocab
     trainer: dict[str, Any]
     legacy: bool = False  # tensor names from before the model was a composition (see load_model_state)
-
-    def state(self) -> TrainerState:
-        """Where the run stood (trainer.json, field for field)."""
-        return TrainerState.from_json(self.trainer, self.path / "trainer.json")
 
     @property
     def has_ema(self) -> bool:
