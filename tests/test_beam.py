@@ -9,11 +9,12 @@ import torch
 
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import TensorCache, beam_search, filter_logits, greedy_search, length_penalty, sample
+from tformer.decode import TensorCache, filter_logits, length_penalty
 from tformer.inference import translate_ids
 from tformer.model import build_model
 
 from conftest import TEST_DEVICE, on_device
+from test_search import run_beam as beam_over, run_greedy, run_sample
 
 pytestmark = pytest.mark.device
 EOS, BOS = Vocab.eos, Vocab.bos
@@ -59,8 +60,8 @@ def exhaustive_best(table, max_len, alpha, rule="gnmt"):
 
 def run_beam(table, K, alpha, max_len=6, nbest=1, finish="all", rule="gnmt"):
     cache = TensorCache({"sentence": torch.zeros(1)})
-    return beam_search(table_step(table), cache, BOS, EOS, torch.tensor([max_len]), K, alpha, nbest=nbest,
-                       finish=finish, penalty_rule=rule)
+    return beam_over(table_step(table), cache, torch.tensor([max_len]), K, alpha, nbest=nbest, finish=finish,
+                     penalty_rule=rule)
 
 
 # Greedy takes 4 (0.55) and then finds nothing better than 0.35; the best path is 5 </s> (0.45 * 0.95).
@@ -74,7 +75,7 @@ GARDEN = {
 
 
 def test_beam_finds_the_best_path_greedy_misses():
-    greedy = greedy_search(table_step(GARDEN), TensorCache({"sentence": torch.zeros(1)}), BOS, EOS, torch.tensor([6]))
+    greedy = run_greedy(table_step(GARDEN), TensorCache({"sentence": torch.zeros(1)}), torch.tensor([6]))
     assert greedy.tokens[0][0] == 4  # greedy commits to 4 (0.55), whose continuations are all poor
     hyp = run_beam(GARDEN, K=2, alpha=0.0)
     assert hyp.tokens == [[[5]]]
@@ -371,7 +372,7 @@ def test_sampling_frequencies_follow_the_distribution():
     probs = {4: 0.6, 5: 0.3, 6: 0.1}
     table = {(): probs}
     cache = TensorCache({"sentence": torch.zeros(400)})
-    out = sample(table_step(table), cache, BOS, EOS, torch.full((400,), 3), ids=list(range(400)))
+    out = run_sample(table_step(table), cache, torch.full((400,), 3), ids=list(range(400)))
     first = [h[0][0] for h in out.tokens]
     freq = {k: first.count(k) / 400 for k in probs}
     for k, p in probs.items():  # 4 standard deviations of a binomial proportion

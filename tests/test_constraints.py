@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from test_search import BOS, EOS, RULE_PREFIX, cache_of, random_table, tables_step
+from test_search import BOS, EOS, RULE_PREFIX, cache_of, random_table, run_beam, tables_step
 from tformer.config import DecodeConfig
-from tformer.decode import beam_search, length_penalty, search
+from tformer.decode import length_penalty, search
 from tformer.decode.constraints import Constraints, _automaton, _distances, choose
 
 
@@ -92,8 +92,8 @@ def test_narrow_constrained_beams_hold_every_phrase_and_never_beat_the_exhaustiv
     tables = [deep_table(100 * seed + i) for i in range(B)]
     phrases = [[torch.randint(4, 7, (int(torch.randint(1, 3, (1,), generator=g)),), generator=g).tolist()
                 for _ in range(int(torch.randint(0, 3, (1,), generator=g)))] for _ in range(B)]
-    got = beam_search(tables_step(tables), cache_of(list(range(B))), BOS, EOS, torch.full((B,), limit), K,
-                      alpha=0.6, nbest=1, constraints=phrases)
+    got = run_beam(tables_step(tables), cache_of(list(range(B))), torch.full((B,), limit), K,
+                   alpha=0.6, nbest=1, constraints=phrases)
     for i in range(B):
         best = constrained_paths(tables[i], limit, 0.6, "gnmt", phrases[i])
         assert got.tokens[i], f"sentence {i} ({phrases[i]}) has no output"
@@ -107,7 +107,7 @@ def test_a_limit_too_short_for_the_phrases_is_raised_to_the_shortest_output_that
     """Limit 1, phrases of 2 + 3 tokens that overlap by one (4 5 | 5 6 6): the output is the 4 tokens that hold
     both, whatever the model prefers."""
     table = deep_table(7)
-    got = beam_search(tables_step([table]), cache_of([0]), BOS, EOS, torch.tensor([1]), 4, constraints=[[[4, 5], [5, 6, 6]]])
+    got = run_beam(tables_step([table]), cache_of([0]), torch.tensor([1]), 4, constraints=[[[4, 5], [5, 6, 6]]])
     assert got.tokens[0][0] == [4, 5, 6, 6]
 
 
@@ -168,11 +168,11 @@ def test_bad_constraints_are_refused_naming_the_sentence():
     step, cache = tables_step([TABLES[0]]), cache_of([0])
     for bad, what in (([[[]]], "empty"), ([[[4, EOS]]], "special"), ([[[4]] * 9], "at most 8")):
         with pytest.raises(ValueError, match=what):
-            beam_search(step, cache, BOS, EOS, torch.tensor([4]), 2, constraints=bad)
+            run_beam(step, cache, torch.tensor([4]), 2, constraints=bad)
     with pytest.raises(ValueError, match="beam search"):
         search(step, cache, torch.tensor([4]), DecodeConfig(), phrases={"constraints": [[[4]]]})
     with pytest.raises(ValueError, match="2 constraint lists"):
-        Constraints.of([[[4]], None], torch.full((1, 0), -1), torch.tensor([4]))
+        Constraints.build([[[4]], None], torch.full((1, 0), -1), torch.tensor([4]), EOS)
 
 
 # ----------------------------------------------------------------------------- through the Translator
@@ -252,7 +252,8 @@ def test_progress_is_the_tokens_of_the_shortest_completion_already_made():
     """The bank of a candidate token: D (the shortest output holding every phrase, here 3 for 5 6 7) minus the
     tokens that output still needs after it; the higher, the nearer done. A sentence without phrases: 0."""
     prefix = torch.tensor([[-1], [5], [-1]])  # the second sentence's prefix has begun the phrase already
-    rule, _ = Constraints.of([[[5, 6, 7]], [[5, 6, 7]], None], prefix, torch.tensor([6, 6, 6]), (0, BOS, EOS))
+    rule, _ = Constraints.build([[[5, 6, 7]], [[5, 6, 7]], None], prefix, torch.tensor([6, 6, 6]), EOS,
+                                (0, BOS, EOS))
     progress = rule.progress(torch.tensor([[5, 6, 9]] * 3))
     assert progress.tolist() == [[1, 0, 0],   # 5 begins the phrase; 6 or 9 leave it all still to do
                                  [1, 2, 0],   # after 5: 5 again begins it anew, 6 goes on with it

@@ -2,6 +2,7 @@
 that forbid tokens (minimum length, repeated n-grams); batches by token budget; the top-p (nucleus) boundary."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,12 +12,13 @@ from hypothesis import strategies as st
 
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import TensorCache, filter_logits, forbid, greedy_search, max_lengths
+from tformer.decode import TensorCache, filter_logits, max_lengths, rules_for
 from tformer.decode.sampling import top_p_mask
 from tformer.inference import batching, translate_ids
 from tformer.model import build_model
 
 from conftest import TEST_DEVICE, on_device
+from test_search import run_greedy
 
 pytestmark = pytest.mark.device
 
@@ -112,7 +114,7 @@ def test_greedy_search_on_a_scripted_step_function():
         return logits, TensorCache({"row": rows, "t": cache["t"] + 1})
 
     cache = TensorCache({"row": torch.arange(3), "t": torch.zeros(3, dtype=torch.long)})
-    hyp = greedy_search(step, cache, Vocab.bos, Vocab.eos, torch.tensor([10, 10, 2]))
+    hyp = run_greedy(step, cache, torch.tensor([10, 10, 2]))
     assert hyp.tokens == [[7], [7, 7], [7, 7]]  # the last one is cut at its limit of 2
 
 
@@ -121,18 +123,25 @@ def test_max_lengths():
     assert max_lengths(torch.tensor([3]), 0.0, 0).tolist() == [1]
 
 
+def forbid(scores, history, t, min_len, no_repeat_ngram):
+    """The rules' masks for a batch of rows whose tokens so far are `history` (N, t), as every search applies
+    them (Rules.scores; the scores taken as they are)."""
+    rules, _ = rules_for(DecodeConfig(min_len=min_len, no_repeat_ngram=no_repeat_ngram), torch.full((len(scores),), 9))
+    return rules.scores(scores, SimpleNamespace(t=t, history=history), lambda x: x)[0]
+
+
 def test_forbid_min_len_and_repeated_ngrams():
     V = 8
     history = torch.tensor([[4, 5, 6, 4, 5], [4, 4, 4, 4, 4]])  # t = 5
-    logp = forbid(torch.zeros(2, V), history, 5, Vocab.eos, min_len=6, no_repeat_ngram=3)
+    logp = forbid(torch.zeros(2, V), history, 5, min_len=6, no_repeat_ngram=3)
     banned = [set(torch.nonzero(torch.isinf(row))[:, 0].tolist()) for row in logp]
     # row 0 ends in (4, 5): 4 5 6 occurred, so 6 is banned; row 1 ends in (4, 4): 4 4 4 occurred
     specials = {Vocab.pad, Vocab.bos}  # never generated
     assert banned == [specials | {Vocab.eos, 6}, specials | {Vocab.eos, 4}]
-    logp = forbid(torch.zeros(2, V), history, 5, Vocab.eos, min_len=5, no_repeat_ngram=2)
+    logp = forbid(torch.zeros(2, V), history, 5, min_len=5, no_repeat_ngram=2)
     # bigrams: row 0 after 5 -> 6 seen; row 1 after 4 -> 4 seen; </s> allowed at t = min_len
     assert [set(torch.nonzero(torch.isinf(r))[:, 0].tolist()) for r in logp] == [specials | {6}, specials | {4}]
-    untouched = forbid(torch.zeros(2, V), history[:, :1], 1, Vocab.eos, min_len=0, no_repeat_ngram=3)
+    untouched = forbid(torch.zeros(2, V), history[:, :1], 1, min_len=0, no_repeat_ngram=3)
     assert torch.isinf(untouched).sum() == 4  # only <pad> and <s>, in both rows
 
 
@@ -145,7 +154,7 @@ def test_greedy_min_len_holds_back_eos():
         logits[:, Vocab.eos] = 1.0
         return logits, cache
 
-    hyp = greedy_search(step, TensorCache({"x": torch.zeros(2)}), Vocab.bos, Vocab.eos, torch.tensor([10, 10]), min_len=3)
+    hyp = run_greedy(step, TensorCache({"x": torch.zeros(2)}), torch.tensor([10, 10]), min_len=3)
     assert hyp.tokens == [[7, 7, 7], [7, 7, 7]]
 
 

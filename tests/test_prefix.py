@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import tformer
+from test_search import run_beam, run_greedy, run_sample
 from tformer.api import format_translation
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab
-from tformer.decode import TensorCache, beam_search, greedy_search, length_penalty, max_lengths, prefix_table, sample, search
+from tformer.decode import TensorCache, length_penalty, max_lengths, prefix_table, search
 from tformer.errors import DataError
 from tformer.model import build_model
 
@@ -84,14 +85,14 @@ PREFIXES = [[], [4], [5, 6], None, [6, 6, 6], [4, 5, 6, 4]]  # the last one fill
 def test_wide_beam_with_prefixes_equals_exhaustive_search_over_the_prefixed_paths(alpha):
     tables = [random_table(seed) for seed in range(len(PREFIXES))]
     B, limit = len(PREFIXES), torch.full((len(PREFIXES),), 4)
-    batched = beam_search(tables_step(tables), TensorCache({"sentence": torch.arange(B)}), BOS, EOS, limit, 200, alpha,
-                          nbest=3, prefix=PREFIXES)
+    batched = run_beam(tables_step(tables), TensorCache({"sentence": torch.arange(B)}), limit, 200, alpha,
+                       nbest=3, prefix=PREFIXES)
     for i, prefix in enumerate(PREFIXES):
         oracle = exhaustive(tables[i], 4, alpha, prefix or ())[:3]
         assert batched.tokens[i] == [toks for _, toks in oracle]
         assert batched.scores[i] == pytest.approx([s for s, _ in oracle], abs=1e-5)
-        alone = beam_search(tables_step(tables), TensorCache({"sentence": torch.tensor([i])}), BOS, EOS, limit[:1], 200, alpha,
-                            nbest=3, prefix=[prefix])
+        alone = run_beam(tables_step(tables), TensorCache({"sentence": torch.tensor([i])}), limit[:1], 200, alpha,
+                         nbest=3, prefix=[prefix])
         assert alone == (batched.tokens[i : i + 1], batched.scores[i : i + 1])
     # the prefix of 4 tokens fills its limit: one finished hypothesis, the prefix itself, no </s>
     assert batched.tokens[5] == [[4, 5, 6, 4]]
@@ -104,10 +105,10 @@ def test_narrow_beam_with_prefix_is_a_beam_from_the_prefix(K):
     table, prefix, alpha = random_table(7, depth=5), [5, 4], 0.0
     shifted = {k[2:]: v for k, v in table.items() if k[:2] == (5, 4)}
     lp_prefix = math.log(table[()][5]) + math.log(table[(5,)][4])
-    got = beam_search(tables_step([table]), TensorCache({"sentence": torch.tensor([0])}), BOS, EOS, torch.tensor([5]), K, alpha,
-                      nbest=K, prefix=[prefix])
-    free = beam_search(tables_step([shifted]), TensorCache({"sentence": torch.tensor([0])}), BOS, EOS, torch.tensor([3]), K,
-                       alpha, nbest=K)
+    got = run_beam(tables_step([table]), TensorCache({"sentence": torch.tensor([0])}), torch.tensor([5]), K, alpha,
+                   nbest=K, prefix=[prefix])
+    free = run_beam(tables_step([shifted]), TensorCache({"sentence": torch.tensor([0])}), torch.tensor([3]), K,
+                    alpha, nbest=K)
     assert got.tokens[0] == [prefix + toks for toks in free.tokens[0]]
     assert got.scores[0] == pytest.approx([s + lp_prefix for s in free.scores[0]], abs=1e-5)
 
@@ -116,11 +117,11 @@ def test_a_limit_shorter_than_the_prefix_gives_exactly_the_prefix():
     table, prefix = random_table(3), [4, 5, 6]
     lp = math.log(table[()][4]) + math.log(table[(4,)][5]) + math.log(table[(4, 5)][6])  # no </s>: cut
     step, cache, limit = tables_step([table]), TensorCache({"sentence": torch.tensor([0])}), torch.tensor([2])
-    beam = beam_search(step, cache, BOS, EOS, limit, 4, 1.0, nbest=4, prefix=[prefix])
+    beam = run_beam(step, cache, limit, 4, 1.0, nbest=4, prefix=[prefix])
     assert beam.tokens == [[prefix]] and beam.scores[0][0] == pytest.approx(lp / length_penalty(3, 1.0))
-    greedy = greedy_search(step, cache, BOS, EOS, limit, prefix=[prefix])
+    greedy = run_greedy(step, cache, limit, prefix=[prefix])
     assert greedy.tokens == [prefix] and greedy.scores[0] == pytest.approx(lp)
-    drawn = sample(step, cache, BOS, EOS, limit, [0], n=3, top_k=1, prefix=[prefix])
+    drawn = run_sample(step, cache, limit, [0], n=3, top_k=1, prefix=[prefix])
     assert drawn.tokens == [[prefix] * 3] and drawn.scores[0] == pytest.approx([lp] * 3)
     assert prefix_table([prefix, []], torch.tensor([2, 2]), BOS, EOS)[1].tolist() == [3, 2]
 
@@ -133,8 +134,8 @@ def test_sampling_scores_forced_tokens_under_the_temperature_without_the_filter(
     root = torch.log(torch.tensor([0.6, 0.3, 0.1])) / T
     forced = float(torch.log_softmax(root, 0)[2])
     cache = TensorCache({"sentence": torch.tensor([0])})
-    out = sample(tables_step([table]), cache, BOS, EOS, torch.tensor([5]), [0], n=4, temperature=T, top_k=1,
-                 prefix=[[6]])
+    out = run_sample(tables_step([table]), cache, torch.tensor([5]), [0], n=4, temperature=T, top_k=1,
+                     prefix=[[6]])
     assert out.tokens == [[[6, 4]] * 4]
     assert out.scores[0] == pytest.approx([forced] * 4, abs=1e-5)
 
@@ -151,14 +152,14 @@ def test_rules_never_forbid_a_prefix_token_and_count_it():
 
     cache, limit = TensorCache({"x": torch.zeros(4)}), torch.full((4,), 10)
     prefixes = [[4, 5, 4, 5], [4, 4, 4], [4, 5], [4, 5, 6]]
-    hyp = greedy_search(step, cache, BOS, EOS, limit, min_len=3, no_repeat_ngram=2, prefix=prefixes)
+    hyp = run_greedy(step, cache, limit, min_len=3, no_repeat_ngram=2, prefix=prefixes)
     # min_len 3 is reached inside the first, second and fourth prefixes: </s> follows at once; the third
     # needs one more token (7), then </s>
     assert hyp.tokens == [[4, 5, 4, 5], [4, 4, 4], [4, 5, 7], [4, 5, 6]]
     for toks, score in zip(hyp.tokens, hyp.scores):
         assert score == pytest.approx(sum(float(logp[t]) for t in toks + [EOS]))
-    hyp = greedy_search(step, TensorCache({"x": torch.zeros(1)}), BOS, EOS, limit[:1], min_len=7, no_repeat_ngram=2,
-                        prefix=[[4, 5, 4, 5]])
+    hyp = run_greedy(step, TensorCache({"x": torch.zeros(1)}), limit[:1], min_len=7, no_repeat_ngram=2,
+                     prefix=[[4, 5, 4, 5]])
     # 7, 7 (a new bigram), then (7, 7) is banned and </s> held back: the first of the tied others, 3
     assert hyp.tokens == [[4, 5, 4, 5, 7, 7, 3]]
     for strategy in ("beam", "sample"):

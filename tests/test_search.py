@@ -4,6 +4,7 @@ to the search it names, the length penalties are their formulas, and bad setting
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,13 +12,37 @@ import torch
 from conftest import assert_follows_input_device
 from tformer.config import DecodeConfig
 from tformer.data import Vocab
-from tformer.decode import (TensorCache, beam_search, forbid, force, forced_scores, greedy_search, length_penalty,
-                            log_probs, max_lengths, prefix_table, sample, search, select_rows, stopped)
+from tformer.decode import (TensorCache, beam_search, force, forced_scores, greedy_search, length_penalty, log_probs,
+                            max_lengths, prefix_table, rules_for, sample, search, select_rows, stopped)
 from tformer.decode.beam import Finished, penalties
 from tformer.decode.common import row_max, row_topk
 
 PAD, BOS, EOS = Vocab.pad, Vocab.bos, Vocab.eos
 V = 7  # 4 specials + tokens 4, 5, 6
+
+
+def run_greedy(step, cache, limit, prefix=None, stop=None, **rules):
+    """greedy_search under the rules that `rules` (DecodeConfig's min_len, no_repeat_ngram,
+    repetition_penalty) and `prefix` ask for, built by rules_for with the limits it raises."""
+    built, limit = rules_for(DecodeConfig(**rules), limit, prefix)
+    return greedy_search(step, cache, limit, built, stop=stop)
+
+
+def run_beam(step, cache, limit, K, alpha=0.6, nbest=1, finish="top_k", penalty_rule="gnmt", prefix=None, stop=None,
+             constraints=None, **rules):
+    """beam_search as `run_greedy` above; `constraints`: the phrase input of that name (one list per sentence)."""
+    phrases = None if constraints is None else {"constraints": constraints}
+    built, limit = rules_for(DecodeConfig(strategy="beam", **rules), limit, prefix, phrases)
+    return beam_search(step, cache, limit, built, beam=K, alpha=alpha, nbest=nbest, finish=finish,
+                       penalty_rule=penalty_rule, stop=stop)
+
+
+def run_sample(step, cache, limit, ids, n=1, temperature=1.0, top_k=0, top_p=1.0, seed=0, prefix=None, stop=None,
+               **rules):
+    """sample as `run_greedy` above."""
+    built, limit = rules_for(DecodeConfig(strategy="sample", **rules), limit, prefix)
+    return sample(step, cache, limit, built, ids, n=n, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                  stop=stop)
 
 
 def tables_step(tables, shared=True):
@@ -104,16 +129,16 @@ def test_stopped_sentences_leave_and_the_others_decode_as_each_alone(strategy):
     step = tables_step(TABLES)
     if strategy == "greedy":
         def run(cache, limit, ids, stop=None, prefix=None):
-            h = greedy_search(step, cache, BOS, EOS, limit, prefix=prefix, stop=stop)
+            h = run_greedy(step, cache, limit, prefix=prefix, stop=stop)
             return [[t] for t in h.tokens], [[s] for s in h.scores]
     elif strategy.startswith("beam"):
         def run(cache, limit, ids, stop=None, prefix=None):
-            return beam_search(step, cache, BOS, EOS, limit, 3, 0.6, nbest=2, prefix=prefix,
-                               finish=strategy[5:], stop=stop)
+            return run_beam(step, cache, limit, 3, 0.6, nbest=2, prefix=prefix,
+                            finish=strategy[5:], stop=stop)
     else:
         def run(cache, limit, ids, stop=None, prefix=None):
-            return sample(tables_step(TABLES, shared=False), cache, BOS, EOS, limit, ids, n=3, seed=5, prefix=prefix,
-                          stop=stop)
+            return run_sample(tables_step(TABLES, shared=False), cache, limit, ids, n=3, seed=5, prefix=prefix,
+                              stop=stop)
     B = len(TABLES)
     stopper = Stopper(GONE, AT)
     tokens, scores = run(cache_of(list(range(B))), torch.full((B,), 6), list(range(B)), stopper)
@@ -173,13 +198,30 @@ def test_the_searches_put_every_tensor_on_their_inputs_device():
     def stop():  # a fresh one for each run
         return Stopper({3}, 2)
 
-    assert_follows_input_device(lambda: greedy_search(step, cache, BOS, EOS, limit, **rules, stop=stop()))
+    assert_follows_input_device(lambda: run_greedy(step, cache, limit, **rules, stop=stop()))
     for finish in ("all", "top_k"):
-        assert_follows_input_device(lambda: beam_search(step, cache, BOS, EOS, limit, 3, 0.6, nbest=2,
-                                                        finish=finish, **rules, stop=stop()))
+        assert_follows_input_device(lambda: run_beam(step, cache, limit, 3, 0.6, nbest=2,
+                                                     finish=finish, **rules, stop=stop()))
     sampling = tables_step(TABLES, shared=False)
-    assert_follows_input_device(lambda: sample(sampling, cache, BOS, EOS, limit, [3, 1, 4, 1, 5], n=2, top_k=2,
-                                               top_p=0.9, temperature=0.7, **rules, stop=stop()))
+    assert_follows_input_device(lambda: run_sample(sampling, cache, limit, [3, 1, 4, 1, 5], n=2, top_k=2,
+                                                   top_p=0.9, temperature=0.7, **rules, stop=stop()))
+
+
+def test_rules_for_builds_only_the_rules_a_batch_needs_in_their_order():
+    """A rule that would do nothing for the batch is not built (the plain search runs only the one that keeps
+    <pad> and <s> out); every rule asked for is, in ORDER; the limits are raised for a prefix and phrases."""
+    from tformer.decode import PHRASE_INPUTS
+    from tformer.decode.phrases import PHRASE_INPUTS as declared
+    from tformer.decode.rules import ORDER, NeverSpecial
+
+    limit = torch.tensor([3, 3])
+    plain, same = rules_for(DecodeConfig(), limit, [[], None], {"constraints": [None, []]})
+    assert [type(r) for r in plain.rules] == [NeverSpecial] and torch.equal(same, limit)
+    cfg = DecodeConfig(strategy="beam", min_len=2, no_repeat_ngram=2, repetition_penalty=1.2)
+    every, raised = rules_for(cfg, limit, [[4, 5, 6, 4], None], {"constraints": [None, [[5, 6, 4, 5]]]})
+    assert [type(r) for r in every.rules] == list(ORDER)
+    assert raised.tolist() == [4, 4]  # the prefix's 4 tokens; the phrase's 4
+    assert declared is PHRASE_INPUTS and [p.name for p in PHRASE_INPUTS] == ["constraints"]
 
 
 def test_the_helpers_put_every_tensor_on_their_inputs_device():
@@ -190,7 +232,9 @@ def test_the_helpers_put_every_tensor_on_their_inputs_device():
     assert table.device == raised.device == torch.device("meta")  # moved to the limits' device (meta: any other)
     assert_follows_input_device(max_lengths, limit, 1.5, 2)
     history = torch.tensor([[4, 5, 6, 4, 5], [4, 4, 4, 4, 4]])
-    assert_follows_input_device(lambda x: forbid(x.clone(), history, 5, EOS, 6, 3), torch.zeros(2, V))
+    rules, _ = rules_for(DecodeConfig(min_len=6, no_repeat_ngram=3, repetition_penalty=1.3), torch.tensor([9, 9]))
+    at = SimpleNamespace(t=5, history=history)
+    assert_follows_input_device(lambda x: rules.scores(x.clone(), at)[0], torch.zeros(2, V))
     forced = torch.tensor([4, -1, 6])
     assert_follows_input_device(lambda x, scores: force(x.clone(), forced, scores), torch.randn(3, V), torch.randn(3))
     assert_follows_input_device(forced_scores, torch.randn(3, V), forced)
@@ -235,9 +279,9 @@ def test_unknown_rules_are_refused_naming_the_choices():
         length_penalty(3, 0.6, "gnm")
     step, cache, limit = tables_step(TABLES[:1]), cache_of([0]), torch.tensor([4])
     with pytest.raises(ValueError, match=r"^finish must be one of \('all', 'top_k'\), got 'topk'$"):
-        beam_search(step, cache, BOS, EOS, limit, 2, finish="topk")
+        run_beam(step, cache, limit, 2, finish="topk")
     with pytest.raises(ValueError, match=r"^penalty_rule must be one of \('gnmt', 'power'\), got 'pow'$"):
-        beam_search(step, cache, BOS, EOS, limit, 2, penalty_rule="pow")
+        run_beam(step, cache, limit, 2, penalty_rule="pow")
     with pytest.raises(ValueError, match=r"^3 prefixes for a batch of 1 sentences$"):
         prefix_table([[4], [5], [6]], limit, BOS, EOS)
     for bad in ([4, PAD], [BOS], [5, EOS], [-3]):
@@ -249,10 +293,10 @@ def test_unknown_rules_are_refused_naming_the_choices():
 def test_every_search_refuses_a_prefix_holding_a_special_id():
     """The prefix check reaches each search with the search's own </s>, not only prefix_table called alone."""
     step, cache, limit = tables_step(TABLES[:1]), cache_of([0]), torch.tensor([4])
-    for search in (lambda: greedy_search(step, cache, BOS, EOS, limit, prefix=[[4, EOS]]),
-                   lambda: beam_search(step, cache, BOS, EOS, limit, 2, prefix=[[4, EOS]]),
-                   lambda: sample(tables_step(TABLES[:1], shared=False), cache, BOS, EOS, limit, [0],
-                                  prefix=[[4, EOS]])):
+    for search in (lambda: run_greedy(step, cache, limit, prefix=[[4, EOS]]),
+                   lambda: run_beam(step, cache, limit, 2, prefix=[[4, EOS]]),
+                   lambda: run_sample(tables_step(TABLES[:1], shared=False), cache, limit, [0],
+                                      prefix=[[4, EOS]])):
         with pytest.raises(ValueError, match=r"^prefix 0 holds a special or negative id"):
             search()
 
@@ -262,10 +306,10 @@ def test_beam_search_defaults_to_the_configs_length_penalty():
     hypotheses and the same scores, which depend on alpha for every length."""
     step, cache, limit = tables_step(TABLES[:2]), cache_of([0, 1]), torch.tensor([4, 4])
     cfg = DecodeConfig()
-    plain = beam_search(step, cache, BOS, EOS, limit, 3, nbest=2)
-    assert plain == beam_search(step, cache, BOS, EOS, limit, 3, cfg.len_penalty, nbest=2,
-                                penalty_rule=cfg.len_penalty_rule)
-    assert plain.scores != beam_search(step, cache, BOS, EOS, limit, 3, cfg.len_penalty + 1.0, nbest=2).scores
+    plain = run_beam(step, cache, limit, 3, nbest=2)
+    assert plain == run_beam(step, cache, limit, 3, cfg.len_penalty, nbest=2,
+                             penalty_rule=cfg.len_penalty_rule)
+    assert plain.scores != run_beam(step, cache, limit, 3, cfg.len_penalty + 1.0, nbest=2).scores
 
 
 # ----------------------------------------------------------------------------- `search` hands on every setting
@@ -445,14 +489,14 @@ def test_beam_stops_each_sentence_exactly_when_the_rules_say(finish, K, alpha, n
 
     for i, (table, limit) in enumerate(zip(tables, limits)):  # one at a time: its steps
         rows.clear()
-        got = beam_search(counting, cache_of([i]), BOS, EOS, torch.tensor([limit]), K, alpha, nbest=nbest,
-                          finish=finish)
+        got = run_beam(counting, cache_of([i]), torch.tensor([limit]), K, alpha, nbest=nbest,
+                       finish=finish)
         assert got.tokens[0] == [toks for _, toks in want[i][0]]
         assert got.scores[0] == pytest.approx([s for s, _ in want[i][0]], abs=1e-5)
         assert len(rows) == want[i][1]
     rows.clear()
-    got = beam_search(counting, cache_of([0, 1, 2, 3]), BOS, EOS, torch.tensor(limits), K, alpha, nbest=nbest,
-                      finish=finish)
+    got = run_beam(counting, cache_of([0, 1, 2, 3]), torch.tensor(limits), K, alpha, nbest=nbest,
+                   finish=finish)
     assert got.tokens == [[toks for _, toks in w[0]] for w in want]
     assert len(rows) == max(w[1] for w in want)
     assert sum(rows) == sum(1 + (w[1] - 1) * K for w in want)  # one row at the first step, then K
@@ -526,8 +570,8 @@ def test_samples_are_the_plain_draws_of_their_seeded_generators(T, top_k):
         seen.append(prev.shape[0])
         return step(prev, cache)
 
-    got = sample(counting, cache_of([0, 1, 2]), BOS, EOS, torch.full((3,), limit), ids, n=n, temperature=T,
-                 top_k=top_k, seed=seed)
+    got = run_sample(counting, cache_of([0, 1, 2]), torch.full((3,), limit), ids, n=n, temperature=T,
+                     top_k=top_k, seed=seed)
     ends = []  # the step at which each sample ends: a finished sample computes no more rows
     for s, i in enumerate(ids):
         want = [plain_sample(tables[s], seed, i, j, limit, T, top_k) for j in range(n)]
@@ -554,7 +598,7 @@ def test_greedy_drops_finished_rows_once_an_eighth_of_the_batch_has_finished():
         return logits, TensorCache({"hyp.t": t + 1, "hyp.row": rows})
 
     cache = TensorCache({"hyp.t": torch.zeros(B, dtype=torch.long), "hyp.row": torch.arange(B)})
-    got = greedy_search(step, cache, BOS, EOS, torch.full((B,), 20))
+    got = run_greedy(step, cache, torch.full((B,), 20))
     assert got.tokens == [[4] * r for r in range(B)]
     want, rows, done, t = [], B, 0, 0  # rows in the batch, finished rows among them
     while rows:
@@ -581,7 +625,7 @@ def test_beam_stops_when_the_best_live_hypothesis_only_ties_the_finished_one(fin
         calls.append(prev.shape[0])
         return tables_step([table])(prev, cache)
 
-    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([4]), 1, alpha, finish=finish)
+    got = run_beam(counting, cache_of([0]), torch.tensor([4]), 1, alpha, finish=finish)
     assert got == ([[[]]], [[pytest.approx(math.log(0.5))]]) and calls == [1]
 
 
@@ -600,7 +644,7 @@ def test_beam_stops_before_its_last_step_when_even_the_longest_ending_cannot_win
         calls.append(prev.shape[0])
         return tables_step([table])(prev, cache)
 
-    got = beam_search(counting, cache_of([0]), BOS, EOS, torch.tensor([3]), 1, 1.0, finish="all")
+    got = run_beam(counting, cache_of([0]), torch.tensor([3]), 1, 1.0, finish="all")
     assert got == ([[[]]], [[pytest.approx(-0.7, abs=1e-6)]]) and calls == [1, 1]
 
 
@@ -627,7 +671,7 @@ def test_greedy_scores_are_the_float64_sums_of_the_float32_log_probabilities():
 
     table = Always()
     step = tables_step([table])
-    got = greedy_search(step, cache_of([0]), BOS, EOS, torch.tensor([40]))
+    got = run_greedy(step, cache_of([0]), torch.tensor([40]))
     toks = got.tokens[0]
     assert toks == [4] * 40
     want, hist = 0.0, []
@@ -674,9 +718,9 @@ def test_a_search_step_allocates_no_vocabulary_sized_tensor_beyond_the_logits(st
     prefix = [[7, 8], None, [9]]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         if strategy == "greedy":
-            greedy_search(step, cache, BOS, EOS, limit, prefix=prefix, no_repeat_ngram=2)
+            run_greedy(step, cache, limit, prefix=prefix, no_repeat_ngram=2)
         else:
-            beam_search(step, cache, BOS, EOS, limit, K, prefix=prefix, no_repeat_ngram=2)
+            run_beam(step, cache, limit, K, prefix=prefix, no_repeat_ngram=2)
     wide = [e for e in prof.events() if e.self_cpu_memory_usage >= B * Vbig * 4]  # at least B rows of V floats
     makers = [e.name for e in wide if e.name not in ("aten::empty", "aten::empty_strided")]
     assert len(wide) == steps and not makers, [(e.name, e.self_cpu_memory_usage) for e in wide]
@@ -704,7 +748,7 @@ def test_beam_search_reads_one_value_back_per_step_however_many_hypotheses_end(f
 
         cache = TensorCache({"hyp.t": torch.arange(B)})
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            found = beam_search(step, cache, BOS, EOS, torch.full((B,), 6), 4, alpha=0.0, nbest=4, finish=finish)
+            found = run_beam(step, cache, torch.full((B,), 6), 4, alpha=0.0, nbest=4, finish=finish)
         reads = sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense")
         assert all(len(h) == 4 for h in found.tokens)  # endings were taken: four finished per sentence
         return reads - len(steps), len(steps)
@@ -817,9 +861,9 @@ def test_a_repetition_penalty_that_is_not_positive_is_refused_by_name():
 def test_every_search_refuses_a_prefix_holding_its_own_bos():
     """As the </s> check above, with the search's <s>: each search hands prefix_table its own bos."""
     step, cache, limit = tables_step(TABLES[:1]), cache_of([0]), torch.tensor([4])
-    for search in (lambda: greedy_search(step, cache, BOS, EOS, limit, prefix=[[4, BOS]]),
-                   lambda: beam_search(step, cache, BOS, EOS, limit, 2, prefix=[[4, BOS]]),
-                   lambda: sample(tables_step(TABLES[:1], shared=False), cache, BOS, EOS, limit, [0],
-                                  prefix=[[4, BOS]])):
+    for search in (lambda: run_greedy(step, cache, limit, prefix=[[4, BOS]]),
+                   lambda: run_beam(step, cache, limit, 2, prefix=[[4, BOS]]),
+                   lambda: run_sample(tables_step(TABLES[:1], shared=False), cache, limit, [0],
+                                      prefix=[[4, BOS]])):
         with pytest.raises(ValueError, match=r"^prefix 0 holds a special or negative id"):
             search()

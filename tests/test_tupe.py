@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
+from test_search import run_beam, run_greedy
 from tformer.attention.graph import graph_attention
 from tformer.attention.kernels import dense_attention
 from tformer.config import ConfigError, ModelConfig
-from tformer.decode import beam_search, greedy_search
 from tformer.masks import PositionBias, bipartite_graph, packed_positions, padding_mask, self_graph
 from tformer.model import build_model
 from tformer.model.embeddings import stack_frames
@@ -221,8 +221,8 @@ def test_tupe_beam_and_greedy_same_on_graph_and_dense():
         outs = []
         for m in (dense, graph):
             cache = m.init_cache(m.encode(src, sl))
-            outs.append((greedy_search(m.decode_step, cache, 1, 2, limit),
-                         beam_search(m.decode_step, cache, 1, 2, limit, 3, 0.6, nbest=3)))
+            outs.append((run_greedy(m.decode_step, cache, limit),
+                         run_beam(m.decode_step, cache, limit, 3, 0.6, nbest=3)))
     assert outs[0][0].tokens == outs[1][0].tokens
     assert outs[0][1].tokens == outs[1][1].tokens
     for x, y in zip(outs[0][1].scores, outs[1][1].scores):

@@ -6,8 +6,18 @@ The cache is the model's (tformer.model.cache.DecoderCache; `common.TensorCache`
 search only reorders it, `cache.reorder(hyp_rows, sentence_rows)`. Hypothesis-level entries have one row
 per hypothesis, sentence-level ones one row per sentence, shared by that sentence's hypotheses.
 
-Beam search also takes lexical constraints, phrases every output must hold (decode.constraints): one more
-rule on the step's scores, beside the prefix's.
+Three parts, each in one place:
+
+    rules.py     the rules as objects (common.Rule: minimum length, n-gram blocking, repetition penalty, never
+                 <pad>/<s>, forced prefix, constraints), built once per batch from the DecodeConfig and the
+                 per-sentence data by `rules_for`, in one order (`rules.ORDER`); `Rules.scores` is the one chain
+                 that turns a step's logits into the scores a search chooses by
+    batch.py     the live batch (`Batch`): rows take their tokens, follow their parents, leave when stopped or
+                 done, and the cache and the rules' state go with them
+    greedy.py, beam.py, sampling.py     each only its own choice of the next tokens
+
+`search` builds the rules and runs the search `cfg.strategy` names; a rule that reads a per-sentence phrase
+input declares it (`PHRASE_INPUTS`, read by every entry point). To add a rule: rules.py (module docstring).
 
 Every search takes an optional target prefix, one id list per sentence (no <s>/</s>; empty or None: none).
 Each output of sentence i then begins with exactly prefix[i], and the search goes on from there as it would
@@ -25,41 +35,35 @@ from __future__ import annotations
 from torch import Tensor
 
 from tformer.config import DecodeConfig
-from tformer.data.vocab import Vocab
+from tformer.decode.batch import Batch
 from tformer.decode.beam import beam_search, length_penalty
-from tformer.decode.common import (Cache, Hypotheses, NBest, StepFn, Stop, TensorCache, forbid, force, forced_scores,
-                                   log_probs, max_lengths, penalize_repeats, prefix_table, select_rows, stopped)
+from tformer.decode.common import (Cache, Hypotheses, NBest, PhraseInput, Phrases, Rule, StepFn, Stop, TensorCache,
+                                   force, forced_scores, log_probs, max_lengths, penalize_repeats, prefix_table,
+                                   select_rows, stopped)
 from tformer.decode.greedy import greedy_search
-from tformer.decode.phrases import PHRASE_INPUTS, PhraseInput, Phrases
-from tformer.decode.sampling import filter_logits, sample
+from tformer.decode.rules import PHRASE_INPUTS, Rules, rules_for
+from tformer.decode.sampling import filter_logits, sample, top_p_mask
 
-__all__ = ["Cache", "Hypotheses", "NBest", "PHRASE_INPUTS", "PhraseInput", "Phrases", "StepFn", "Stop", "TensorCache", "beam_search", "filter_logits", "forbid",
-           "force", "forced_scores", "greedy_search", "length_penalty", "log_probs", "max_lengths",
-           "penalize_repeats", "prefix_table", "sample", "search", "select_rows", "stopped"]
+__all__ = ["Batch", "Cache", "Hypotheses", "NBest", "PHRASE_INPUTS", "PhraseInput", "Phrases", "Rule", "Rules",
+           "StepFn", "Stop", "TensorCache", "beam_search", "filter_logits", "force", "forced_scores",
+           "greedy_search", "length_penalty", "log_probs", "max_lengths", "penalize_repeats", "prefix_table",
+           "rules_for", "sample", "search", "select_rows", "stopped", "top_p_mask"]
 
 
 def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: list[int] | None = None,
            prefix: list[list[int]] | None = None, stop: Stop | None = None, phrases: Phrases | None = None) -> NBest:
-    """The search `cfg.strategy` names, over one batch; `ids` (sentence indices in the input) seed sampling;
-    `prefix` (one id list per sentence, or None) forces the start of every output (see above); `stop` takes
-    sentences out before any step (common.stopped); `phrases`: the rules' per-sentence phrase inputs by name
-    (decode.phrases.PHRASE_INPUTS; "constraints": phrases every output must hold, beam search only)."""
-    unknown = set(phrases or ()) - {p.name for p in PHRASE_INPUTS}
-    if unknown:
-        raise ValueError(f"no phrase input {sorted(unknown)}; there are {[p.name for p in PHRASE_INPUTS]}")
-    constraints = (phrases or {}).get("constraints")
-    bos, eos = Vocab.bos, Vocab.eos
+    """The search `cfg.strategy` names, over one batch, under the rules `cfg` and the sentences' data ask for
+    (rules_for); `ids` (sentence indices in the input) seed sampling; `prefix` (one id list per sentence, or
+    None) forces the start of every output (see above); `stop` takes sentences out before any step
+    (common.stopped); `phrases`: the rules' per-sentence phrase inputs by name (PHRASE_INPUTS; "constraints":
+    phrases every output must hold, beam search only)."""
+    rules, max_len = rules_for(cfg, max_len, prefix, phrases)
     if cfg.strategy == "beam":
-        return beam_search(step, cache, bos, eos, max_len, cfg.beam_size, cfg.len_penalty, cfg.min_len,
-                           cfg.nbest, cfg.no_repeat_ngram, prefix, cfg.beam_finish, stop, cfg.len_penalty_rule,
-                           cfg.repetition_penalty, constraints)
-    if constraints is not None and any(constraints):
-        raise ValueError(f"constraints are enforced by beam search; decode.strategy is {cfg.strategy!r}: use "
-                         "strategy 'beam' (beam=N)")
+        return beam_search(step, cache, max_len, rules, beam=cfg.beam_size, alpha=cfg.len_penalty, nbest=cfg.nbest,
+                           finish=cfg.beam_finish, penalty_rule=cfg.len_penalty_rule, stop=stop)
     if cfg.strategy == "sample":
-        return sample(step, cache, bos, eos, max_len, ids if ids is not None else list(range(len(max_len))),
-                      cfg.nbest, cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed, cfg.min_len,
-                      cfg.no_repeat_ngram, prefix, stop, cfg.repetition_penalty)
-    hyp = greedy_search(step, cache, bos, eos, max_len, cfg.min_len, cfg.no_repeat_ngram, prefix, stop,
-                        cfg.repetition_penalty)
+        return sample(step, cache, max_len, rules, ids if ids is not None else list(range(len(max_len))),
+                      n=cfg.nbest, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
+                      stop=stop)
+    hyp = greedy_search(step, cache, max_len, rules, stop=stop)
     return NBest([[t] for t in hyp.tokens], [[s] for s in hyp.scores])

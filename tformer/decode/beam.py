@@ -35,8 +35,10 @@ K hypotheses: the sentence's best candidates are among its hypotheses' best ones
 few candidates per row, not to all V, and every row is computed by the same arithmetic whether or not another
 sentence of the batch is inside a prefix.
 
-A forced target prefix is one more rule on the step's log-probabilities (`common.force`): while a sentence is
-inside its prefix, every continuation but the prefix token is -inf, the prefix token keeps its log-probability.
+The rules (decode.rules) shape every step's log-probabilities; constraints also choose which candidates are
+kept (`Rules.candidates`, `Rules.take`). A forced target prefix is a rule (`rules.ForcedPrefix`): while a
+sentence is inside its prefix, every continuation but the prefix token is -inf, the prefix token keeps its
+log-probability.
 A sentence starts from one hypothesis, so exactly one finite hypothesis follows the prefix and the other K-1 rows
 carry -inf scores: -inf never turns finite, never finishes (only finite candidates are set aside) and ranks below
 every finite candidate, so from the end of the prefix the search goes on exactly as a beam started from that one
@@ -48,14 +50,14 @@ to the prefix's length), so no stopping rule fires before it ends, and the exact
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from tformer.decode.common import (Cache, NBest, StepFn, Stop, forbid, force, forced_scores, log_probs,
-                                   penalize_repeats, prefix_table, row_topk, stopped)
-from tformer.decode.constraints import Constraints, choose
+from tformer.data.vocab import Vocab
+from tformer.decode.batch import Batch
+from tformer.decode.common import Cache, NBest, StepFn, Stop, log_probs
+from tformer.decode.rules import Rules
 
 FINISH_RULES = ("all", "top_k")
 PENALTIES = ("gnmt", "power")
@@ -108,76 +110,42 @@ class Finished:
                             device=self.device, dtype=torch.float64)
 
 
-def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor, beam: int, alpha: float = 0.6,
-                min_len: int = 0, nbest: int = 1, no_repeat_ngram: int = 0,
-                prefix: list[list[int]] | None = None, finish: str = "top_k", stop: Stop | None = None,
-                penalty_rule: str = "gnmt", repetition_penalty: float = 1.0,
-                constraints: Sequence[Sequence[Sequence[int]] | None] | None = None) -> NBest:
-    """`cache` holds one row per sentence (B); `max_len` (B,) limits each sentence's output, raised where
-    `prefix` (one id list per sentence, or None) is longer. `finish`: which endings are kept (module
-    docstring). Returns the `nbest` best finished hypotheses of every sentence, each beginning with the
-    sentence's prefix, with their length-normalised scores (fewer than `nbest` where fewer finite ones exist,
-    e.g. an output cut to exactly its prefix). `stop` (common.stopped), asked before every step, takes
-    sentences out at once with what they had finished. `alpha` and `penalty_rule`: the length normalisation
-    (module docstring). `repetition_penalty` (common.penalize_repeats) changes the logits of each hypothesis's
-    tokens so far before it is extended; its scores sum the penalised log-probabilities. `constraints`: one
-    list of phrases (token id lists) per sentence, or None, that every output must hold (decode.constraints;
-    a limit too short for them is raised)."""
+def beam_search(step: StepFn, cache: Cache, max_len: Tensor, rules: Rules, beam: int, alpha: float = 0.6,
+                nbest: int = 1, finish: str = "top_k", penalty_rule: str = "gnmt", stop: Stop | None = None) -> NBest:
+    """`cache` holds one row per sentence (B); `rules` (decode.rules.rules_for, which also gives the limits
+    `max_len` (B,)) shape every step's log-probabilities and, under constraints, which candidates are kept.
+    `beam`: K hypotheses per sentence. `finish`: which endings are kept (module docstring). Returns the
+    `nbest` best finished hypotheses of every sentence, each beginning with the sentence's prefix, with their
+    length-normalised scores (fewer than `nbest` where fewer finite ones exist, e.g. an output cut to exactly
+    its prefix). `stop` (common.stopped), asked before every step, takes sentences out at once with what they
+    had finished. `alpha` and `penalty_rule`: the length normalisation (module docstring)."""
     if finish not in FINISH_RULES:
         raise ValueError(f"finish must be one of {FINISH_RULES}, got {finish!r}")
     if penalty_rule not in PENALTIES:
         raise ValueError(f"penalty_rule must be one of {PENALTIES}, got {penalty_rule!r}")
-    B, K = max_len.shape[0], beam
+    B, K, eos, longest = max_len.shape[0], beam, Vocab.eos, int(max_len.max())
     device = max_len.device
-    prefix, max_len = prefix_table(prefix, max_len, bos, eos)  # (B, P), (B,)
-    rule = None
-    if constraints is not None and any(constraints):
-        rule, max_len = Constraints.of(constraints, prefix, max_len, (0, bos, eos))  # id 0: <pad>
     top_k = finish == "top_k"
     finished = Finished(B, K, device)
-    penalty = penalties(int(max_len.max()) + 1, alpha, penalty_rule, device)  # (longest + 2,)
+    penalty = penalties(longest + 1, alpha, penalty_rule, device)  # (longest + 2,)
     divide = penalty.tolist()  # the same float64 values on the host: an ending's score is divided there
-    sent = torch.arange(B, device=device)  # original index of each live sentence (L live)
     # k hypotheses per live sentence: 1 at the first step (all K beams would start identical, so only one is
-    # computed), then K (fewer only while K exceeds the candidates a tiny vocabulary offers)
-    prev = torch.full((B,), bos, dtype=torch.long, device=device)  # (L*k,)
-    scores = torch.zeros((B, 1), device=device)  # (L, k) summed log-probabilities
-    history = torch.empty((B, 0), dtype=torch.long, device=device)  # (L*k, t)
-    t = 0
-    while sent.numel():
-        gone = stopped(stop, sent)  # (L,) or None
-        if gone is not None:
-            keep = (~gone).nonzero()[:, 0]  # (L',)
-            if not keep.numel():
-                break
-            k = scores.shape[1]
-            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)  # (L'*k,)
-            sent, scores, prev = sent[keep], scores[keep], prev.index_select(0, keep_rows)
-            history = history.index_select(0, keep_rows)
-            cache = cache.reorder(keep_rows, keep)
-            if rule is not None:
-                rule.select(keep_rows)
-        L, k = scores.shape
-        live = sent.tolist()  # the host's copy, read once per step
-        logits, cache = step(prev, cache)  # (L*k, V)
-        logp = log_probs(penalize_repeats(logits, history, repetition_penalty))  # (L*k, V), over the logits
-        forcing = t < prefix.shape[1]  # some sentence may still be inside its prefix
-        if forcing:
-            forced = prefix[sent, t].repeat_interleave(k)  # (L*k,) the prefix token due, -1 past the prefix
-            kept = forced_scores(logp, forced)  # (L*k,) before the rules
-        ranked = forbid(logp, history, t, eos, min_len, no_repeat_ngram)  # in place
-        if rule is not None:  # the tokens left after this one, per row
-            ranked = rule.allow(ranked, max_len.index_select(0, sent).repeat_interleave(k) - t - 1, eos)  # in place
-        if forcing:  # the prefix token keeps its own log-probability; every row is computed alike
-            ranked = force(ranked, forced, kept)  # in place
+    # computed), then K (fewer only while K exceeds the candidates a tiny vocabulary offers); carried: their
+    # summed log-probabilities (L, k)
+    batch = Batch(cache, rules, torch.arange(B, device=device), torch.zeros((B, 1), device=device), longest)
+    while batch.go_on(stop):
+        L, k = batch.carried.shape
+        live = batch.sentence.tolist()  # the host's copy, read once per step
+        logits = batch.step(step)  # (L*k, V)
+        ranked, _ = rules.scores(logits, batch, log_probs)  # (L*k, V), over the logits
         V = ranked.shape[-1]
-        t += 1
-        base = scores.reshape(L * k, 1)  # (L*k, 1): a candidate's raw score is base + its log-probability
+        t = batch.t + 1  # the tokens each extension holds
+        base = batch.carried.reshape(L * k, 1)  # (L*k, 1): a candidate's raw score is base + its log-probability
         if top_k:  # the 2K best extensions; </s> in the top K ranks ends
-            row_val, row_tok = _candidates(ranked, min(2 * K, V), rule)  # (L*k, n)
+            row_val, row_tok = rules.candidates(ranked, min(2 * K, V))  # (L*k, n)
             per_row = row_tok.shape[1]
             cand = (base + row_val).reshape(L, k * per_row)
-            top_scores, top_idx = _take(cand, row_tok, min(2 * K, k * per_row), rule)
+            top_scores, top_idx = rules.take(cand, row_tok, min(2 * K, k * per_row))
             top_tok = row_tok.reshape(L, -1).gather(1, top_idx)  # (L, 2K) best first, or as the banks take them
             top_beam = top_idx // per_row
             is_eos = top_tok == eos
@@ -194,23 +162,23 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
             end_rows = (torch.isfinite(eos_scores) & (eos_scores > bar)).nonzero()[:, 0]  # (E,)
             end_l, end_raw = end_rows // k, eos_scores[end_rows]
             ranked[:, eos] = float("-inf")
-            row_val, row_tok = _candidates(ranked, min(K, V), rule)  # (L*k, n)
+            row_val, row_tok = rules.candidates(ranked, min(K, V))  # (L*k, n)
             per_row = row_tok.shape[1]
             cand = (base + row_val).reshape(L, k * per_row)
             n_next = min(K, k * per_row)
-            next_scores, top_idx = _take(cand, row_tok, n_next, rule)  # (L, K')
+            next_scores, top_idx = rules.take(cand, row_tok, n_next)  # (L, K')
             next_tok = row_tok.reshape(L, -1).gather(1, top_idx)
             next_beam = top_idx // per_row
-        finished.add_all(live, end_l, history.index_select(0, end_rows), end_raw, divide[t])
-        rows = (torch.arange(L, device=device)[:, None] * k + next_beam).reshape(-1)  # (L*K',) parent rows
+        finished.add_all(live, end_l, batch.history.index_select(0, end_rows), end_raw, divide[t])
+        parents = (torch.arange(L, device=device)[:, None] * k + next_beam).reshape(-1)  # (L*K',)
+        batch.advance(next_tok.reshape(-1), parents)
+        batch.carried = next_scores
         k = n_next
-        history = torch.cat([history.index_select(0, rows), next_tok.reshape(-1, 1)], dim=1)
-        if rule is not None:
-            rule.advance(rows, next_tok.reshape(-1))
-        limits = max_len.index_select(0, sent)  # (L,)
+        limits = max_len.index_select(0, batch.sentence)  # (L,)
         last = t >= limits  # the length limit: what is alive ends here
         end_l, end_j = (last[:, None] & torch.isfinite(next_scores)).nonzero().unbind(1)  # (E,) each, in row order
-        finished.add_all(live, end_l, history.index_select(0, end_l * k + end_j), next_scores[end_l, end_j], divide[t])
+        finished.add_all(live, end_l, batch.history.index_select(0, end_l * k + end_j), next_scores[end_l, end_j],
+                         divide[t])
         # done: at the limit; or no live hypothesis can still reach the nbest-th finished (exact); or, top_k,
         # K finished and none alive ranks above the K-th any more (Hugging Face's rule)
         alive_best = next_scores.amax(1).double()  # (L,) best live raw score
@@ -221,40 +189,6 @@ def beam_search(step: StepFn, cache: Cache, bos: int, eos: int, max_len: Tensor,
         n_done = int(done.sum())
         if n_done == L:
             break
-        if n_done:
-            keep = (~done).nonzero()[:, 0]  # (L',)
-            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)  # (L'*K',)
-            sent, next_scores, next_tok = sent[keep], next_scores[keep], next_tok[keep]
-            history = history.index_select(0, keep_rows)
-            cache = cache.reorder(rows.index_select(0, keep_rows), keep)
-            if rule is not None:
-                rule.select(keep_rows)
-        else:
-            cache = cache.reorder(rows)
-        scores, prev = next_scores, next_tok.reshape(-1)
+        batch.keep(done if n_done else None)
     tokens = [[h[1] for h in hyps[:nbest]] for hyps in finished.hyps]
     return NBest(tokens, [[h[0] for h in hyps[:nbest]] for hyps in finished.hyps])
-
-
-def _candidates(ranked: Tensor, n: int, rule: Constraints | None) -> tuple[Tensor, Tensor]:
-    """Each row's candidate extensions, (values, tokens) (N, n'): its n best tokens and, under constraints, every
-    token of its sentence's phrases that is not among them already (-inf where it is)."""
-    values, tokens = row_topk(ranked, n)  # (N, n)
-    if rule is None:
-        return values, tokens
-    extra = rule.extra()  # (N, a) the row's sentence's phrase tokens, -1 past them
-    seen = (extra[:, :, None] == tokens[:, None, :]).any(2) | (extra < 0)
-    extra = extra.clamp(min=0)  # padding: <pad>, at -inf
-    extra_values = ranked.gather(1, extra).masked_fill(seen, float("-inf"))
-    return torch.cat([values, extra_values], 1), torch.cat([tokens, extra], 1)
-
-
-def _take(cand: Tensor, tokens: Tensor, n: int, rule: Constraints | None) -> tuple[Tensor, Tensor]:
-    """(scores, positions) (L, n) of the candidates `cand` (L, m) a sentence keeps: the n best, or under
-    constraints the n the banks take (constraints.choose), by the progress each candidate's token (`tokens`,
-    (N, m/k)) makes."""
-    if rule is None:
-        return cand.topk(n, dim=1)
-    banks = rule.progress(tokens).reshape(cand.shape)  # (L, m)
-    at = choose(cand, banks, n)
-    return cand.gather(1, at), at

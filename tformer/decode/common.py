@@ -1,11 +1,13 @@
-"""What every search shares: the step-function contract, results, length limits, cache row selection, the
-rules that forbid tokens (minimum length, repeated n-grams) and the one that forces a target prefix.
-Notation: B sentences, K hypotheses per sentence, N = B x K rows, V vocabulary, P longest prefix, t tokens
-decoded so far."""
+"""What every search shares: the step-function and cache contracts, the rule contract (`Rule`, whose rules and
+order are decode.rules) and the declaration of a phrase input a rule reads, results, length limits, cache row
+selection, and the arithmetic the rules and searches call (repetition penalty, log-softmax, forcing a token,
+wide top-k). Notation: B sentences, K hypotheses per sentence, N = B x K rows, V vocabulary, P longest prefix,
+t tokens decoded so far."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -30,6 +32,69 @@ def stopped(stop: Stop | None, sentences: Tensor) -> Tensor | None:
         return None
     gone = stop(sentences.tolist())
     return torch.tensor(gone, dtype=torch.bool, device=sentences.device) if any(gone) else None
+
+
+@dataclass(frozen=True)
+class PhraseInput:
+    """A per-sentence input a rule reads besides the source: lists of target phrases, one list (or None) per
+    sentence. The rule that reads it declares it (`Rule.phrase`); decode.rules.PHRASE_INPUTS gathers them, and
+    every entry point reads that: the keyword of `Translator.translate`, the field of /v1/translate and its
+    schema, the `tformer translate` option, the shortlist's kept tokens."""
+
+    name: str  # translate(name=...), the /v1/translate field, `tformer translate --name-file`
+    help: str  # one sentence: what every output does with these phrases
+    max_phrases: int  # per sentence
+    strategies: tuple[str, ...]  # the searches that enforce it (decode.strategy); others refuse it
+    written: bool  # True: outputs must be able to write its tokens (a lexical shortlist keeps them)
+
+
+Phrases = dict[str, list[list[list[int]] | None]]  # input name -> per sentence, its phrases as id lists (or None)
+
+
+class Rule:
+    """One decoding rule for one batch (decode.rules: the rules, their order, how to add one). A rule overrides
+    the hooks it needs; `Rules` calls each hook of the rules that have it only, so a hook a rule lacks costs
+    nothing. `at` is the search's live batch (decode.batch.Batch): `at.t` tokens decoded so far, `at.history`
+    (N, t) each row's tokens, `at.row_sentence` (N,) each row's sentence in the search's batch."""
+
+    phrase: PhraseInput | None = None  # the phrase input it reads, if any (PHRASE_INPUTS)
+
+    @classmethod
+    def of(cls, given: Any, max_len: Tensor) -> "tuple[Rule | None, Tensor]":
+        """The rule for a batch (decode.rules.Given), or None when it would do nothing there; and the limits
+        `max_len` (B,), raised where the rule needs more tokens than they allow."""
+        raise NotImplementedError
+
+    def logits(self, logits: Tensor, at: Any) -> Tensor:
+        """A step's logits (N, V) changed before the search normalises them (may write over them)."""
+        return logits
+
+    def mask(self, scores: Tensor, at: Any) -> Tensor:
+        """Set to -inf, in place, the scores (N, V) of the tokens it forbids, and change nothing else: masks
+        then commute, and act alike on log-probabilities (greedy, beam) and on logits (sampling, before its
+        top-k/top-p filter)."""
+        return scores
+
+    def forced(self, at: Any) -> Tensor | None:
+        """(N,) the token each row must take now, -1 where it is free; None when no row is forced. A forced
+        token keeps its score from before the masks, every other token of its row is -inf (`force`)."""
+        return None
+
+    def select(self, rows: Tensor) -> None:
+        """Keep, reorder or repeat its per-row state by `rows` (N',), as the cache's hypothesis rows."""
+
+    def advance(self, rows: Tensor | None, tokens: Tensor) -> None:
+        """Row i now continues row rows[i] (None: itself) with token tokens[i] (N',)."""
+
+    def candidates(self, scores: Tensor, values: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Beam search: each row's candidates (values, tokens) (N, n) from its best tokens (N, n) and the
+        step's `scores` (N, V). At most one rule of a batch chooses (`candidates`, `take`)."""
+        return values, tokens
+
+    def take(self, cand: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Beam search: (scores, positions) (L, n) of the candidates `cand` (L, m) each sentence keeps, the
+        candidates' tokens (N, m/k) at hand."""
+        return cand.topk(n, dim=1)
 
 
 class TensorCache(dict):
@@ -82,30 +147,14 @@ def select_rows(cache: Cache, rows: Tensor) -> Cache:
     return cache.reorder(rows, rows)
 
 
-def forbid(logp: Tensor, history: Tensor, t: int, eos: int, min_len: int, no_repeat_ngram: int) -> Tensor:
-    """Set to -inf, in place, the log-probabilities of tokens the rules forbid at step t+1: <pad> and <s>
-    always, </s> before `min_len` tokens, and any token completing an n-gram already in `history` (N, t)."""
-    logp[:, :2] = float("-inf")  # ids 0 and 1: <pad>, <s> (tformer.data.vocab)
-    if t < min_len:
-        logp[:, eos] = float("-inf")
-    n = no_repeat_ngram
-    if n and t >= n:  # the n-gram ending at the next token needs n-1 earlier tokens, and a match needs n more
-        windows = history.unfold(1, n, 1)  # (N, t-n+1, n)
-        prefix = history[:, t - n + 1 :]  # (N, n-1)
-        match = (windows[:, :, : n - 1] == prefix[:, None, :]).all(-1)  # (N, t-n+1)
-        rows, cols = match.nonzero(as_tuple=True)
-        logp[rows, windows[rows, cols, n - 1]] = float("-inf")
-    return logp
-
-
 def penalize_repeats(logits: Tensor, history: Tensor, penalty: float) -> Tensor:
     """The repetition penalty (Keskar et al., 2019), as CTranslate2 and Hugging Face's RepetitionPenalty
     processor apply it: the logit of every token already in a row's `history` (N, t) is divided by `penalty`
     where it is positive and multiplied by it where it is negative, so with penalty > 1 a token seen before is
     less likely whatever its logit's sign (< 1 favours it). Applied to the logits (N, V), before the log-softmax
-    and the rules: the searches then score with the penalised distribution. Returns fp32 logits: written over
-    `logits` when they are a step's own fp32 output, in a new tensor otherwise; `logits` as they are for
-    penalty 1 or an empty history."""
+    and the masks (decode.rules.RepetitionPenalty): the searches then score with the penalised distribution.
+    Returns fp32 logits: written over `logits` when they are a step's own fp32 output, in a new tensor
+    otherwise; `logits` as they are for penalty 1 or an empty history."""
     if penalty == 1.0 or not history.shape[1]:
         return logits
     if not (logits.dtype == torch.float32 and logits._base is None and logits.is_contiguous()
@@ -125,16 +174,16 @@ def log_probs(logits: Tensor) -> Tensor:
 
 
 def forced_scores(logp: Tensor, forced: Tensor) -> Tensor:
-    """(N,) the score in `logp` (N, V) of each row's `forced` token (-1 past its prefix: any value), read
-    before the rules change `logp`: what `force` gives the prefix token."""
+    """(N,) the score in `logp` (N, V) of each row's `forced` token (-1 where free: any value), read before the
+    masks change `logp`: what `force` gives the forced token."""
     return logp.gather(1, forced.clamp(min=0)[:, None])[:, 0]
 
 
 def force(allowed: Tensor, forced: Tensor, scores: Tensor) -> Tensor:
-    """The prefix rule, applied after `forbid`, in place: a row still inside its prefix (its `forced` (N,)
-    entry is the token due next, >= 0) may take that token only, at `scores` (N,) (its log-probability or
-    logit before the rules, from `forced_scores`: the rules never forbid a prefix token); every other token
-    is -inf. Rows past their prefix (-1) keep `allowed` (N, V), the scores the rules left. Returns `allowed`."""
+    """A forcing rule (Rule.forced: the prefix's), applied after the masks, in place: a row whose `forced` (N,)
+    entry is a token (>= 0) may take that token only, at `scores` (N,) (its log-probability or logit before the
+    masks, from `forced_scores`: whatever a mask said of it); every other token is -inf. Free rows (-1) keep
+    `allowed` (N, V), the scores the masks left. Returns `allowed`."""
     rows = (forced >= 0).nonzero()[:, 0]  # (R,) rows inside their prefix
     if rows.numel():
         allowed.index_fill_(0, rows, float("-inf"))

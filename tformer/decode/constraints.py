@@ -1,5 +1,6 @@
-"""Lexical constraints: one more rule for beam search, beside the forced prefix. Every output of a sentence
-must hold each of its phrases (token id lists) somewhere, as a contiguous run of tokens.
+"""Lexical constraints: a decoding rule of beam search (decode.rules), read from the phrase input
+"constraints". Every output of a sentence must hold each of its phrases (token id lists) somewhere, as a
+contiguous run of tokens.
 
 The rule keeps, per hypothesis, where it stands: which phrases it has completed (a bit mask) and the longest
 end of its output that begins a phrase (a node of the sentence's Aho-Corasick automaton over its phrases,
@@ -27,10 +28,12 @@ whole batch, a the most tokens in one sentence's phrases, S = 2^C masks (C: the 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
+
+from tformer.decode.common import PhraseInput, Rule
 
 MAX_PHRASES = 8  # per sentence: the states are masks over them, 2^C per automaton node
 _FAR = 1 << 20  # `dist` of a state that cannot complete (never met: every state can emit the missing phrases)
@@ -86,23 +89,36 @@ def _distances(delta: Tensor, out: Tensor, C: int) -> Tensor:
         dist = new
 
 
-class Constraints:
-    """The rule's tables for one batch, and the state of each hypothesis row. Build with `Constraints.of`;
-    the beam search reorders it with its cache (`select`) and moves it on by the chosen tokens (`advance`).
+class Constraints(Rule):
+    """The rule's tables for one batch, and the state of each hypothesis row: a mask on the step's scores,
+    state kept with the rows (`select`) and moved on by the chosen tokens (`advance`), and beam search's choice
+    among candidates (`candidates`: the phrases' tokens beside each row's best; `take`: the banks).
     Each sentence has its own alphabet (the tokens of its phrases, padded with -1 to the batch's longest, a):
     a row looks at its own sentence's few tokens, never at the whole batch's."""
 
+    phrase = PhraseInput("constraints", "target phrases every output must hold (lexically constrained beam search)",
+                         MAX_PHRASES, ("beam",), True)
+
     def __init__(self, alphabet: Tensor, delta: Tensor, out: Tensor, dist: Tensor, roots: Tensor, need: Tensor,
-                 full: Tensor, node: Tensor, met: Tensor) -> None:
+                 full: Tensor, node: Tensor, met: Tensor, max_len: Tensor, eos: int) -> None:
         self.alphabet = alphabet  # (B, a) each sentence's phrase tokens, -1 past them
         self.delta, self.out, self.dist = delta, out, dist  # (M, a+1) by local column (a: any other), (M,), (M, S)
         self.roots, self.need, self.full = roots, need, full  # (B,) each sentence's root, its need D, its full mask
         self.node, self.met = node, met  # (N,) each row's automaton node and mask
         self.sentence = torch.arange(len(roots), device=roots.device)  # (N,) each row's sentence
+        self.max_len, self.eos = max_len, eos  # (B,) the limits, final (no later rule raises them); </s>
 
     @classmethod
-    def of(cls, phrases: Sequence[Sequence[Sequence[int]] | None], prefix: Tensor, max_len: Tensor,
-           specials: Sequence[int] = ()) -> tuple["Constraints", Tensor]:
+    def of(cls, given: Any, max_len: Tensor) -> tuple["Constraints | None", Tensor]:
+        """The rule for a batch (decode.rules.Given) whose phrase input "constraints" holds a phrase; else None."""
+        phrases = given.phrases.get(cls.phrase.name)
+        if phrases is None or not any(phrases):
+            return None, max_len
+        return cls.build(phrases, given.prefix, max_len, given.eos, (0, given.bos, given.eos))  # id 0: <pad>
+
+    @classmethod
+    def build(cls, phrases: Sequence[Sequence[Sequence[int]] | None], prefix: Tensor, max_len: Tensor, eos: int,
+              specials: Sequence[int] = ()) -> tuple["Constraints", Tensor]:
         """The rule for a batch: `phrases`, one list of token id lists per sentence (None or empty: none);
         `prefix` (B, P) the forced prefixes padded with -1 (common.prefix_table); `specials`: ids no phrase may
         hold (<pad>, <s>, </s>). Returns it, with one row per sentence at the start, and the limits `max_len`
@@ -143,18 +159,18 @@ class Constraints:
             offset += len(delta)
         as_long = dict(dtype=torch.long, device=device)
         table = torch.tensor([al + [-1] * (a - len(al)) for al in alphabets], **as_long).reshape(B, a)
+        shortest = torch.tensor([n for _, _, n in start], dtype=max_len.dtype, device=device)
+        max_len = torch.maximum(max_len, shortest)
         rule = cls(table, torch.cat(deltas).to(device), torch.cat(outs).to(device),
                    torch.cat(dists).to(device), torch.tensor(roots, **as_long), torch.tensor(need, **as_long),
                    torch.tensor(full, **as_long), torch.tensor([n for n, _, _ in start], **as_long),
-                   torch.tensor([m for _, m, _ in start], **as_long))
-        shortest = torch.tensor([n for _, _, n in start], dtype=max_len.dtype, device=device)
-        return rule, torch.maximum(max_len, shortest)
+                   torch.tensor([m for _, m, _ in start], **as_long), max_len, eos)
+        return rule, max_len
 
-    def select(self, rows: Tensor) -> "Constraints":
+    def select(self, rows: Tensor) -> None:
         """Keep, reorder or repeat hypothesis rows (as the cache's hyp-level entries)."""
         self.node, self.met = self.node.index_select(0, rows), self.met.index_select(0, rows)
         self.sentence = self.sentence.index_select(0, rows)
-        return self
 
     def extra(self) -> Tensor:
         """(N, a) each row's sentence's phrase tokens, -1 past them: candidates beside the row's best ones."""
@@ -169,10 +185,11 @@ class Constraints:
         node = self.delta[self.node[:, None], column]  # (N, n)
         return node, self.met[:, None] | self.out[node]
 
-    def allow(self, logp: Tensor, remaining: Tensor, eos: int) -> Tensor:
+    def mask(self, logp: Tensor, at: Any) -> Tensor:
         """The rule on a step's scores (N, V), in place: -inf for every token after which the row's phrases no
-        longer fit in `remaining` (N,) tokens (its limit minus the tokens it will have), and for </s> until
-        every phrase is in."""
+        longer fit in the tokens left (its limit minus the tokens it will have), and for </s> until every
+        phrase is in."""
+        remaining = self.max_len.index_select(0, self.sentence) - at.t - 1  # (N,)
         own = self.extra()  # (N, a)
         cols = own.clamp(min=0)  # padding reads and writes <pad>'s column, which is -inf already
         kept = logp.gather(1, cols)  # (N, a) the phrases' tokens, judged one by one below
@@ -183,7 +200,7 @@ class Constraints:
         node, met = self._after(cols, own)  # (N, a)
         fits = (self.dist[node, met] <= remaining[:, None]) & (own >= 0)  # (N, a)
         logp.scatter_(1, cols, kept.masked_fill(~fits, float("-inf")))
-        logp[:, eos].masked_fill_(self.met != self.full[self.sentence], float("-inf"))
+        logp[:, self.eos].masked_fill_(self.met != self.full[self.sentence], float("-inf"))
         return logp
 
     def progress(self, tokens: Tensor) -> Tensor:
@@ -192,12 +209,28 @@ class Constraints:
         node, met = self._after(tokens)
         return self.need[self.sentence][:, None] - self.dist[node, met]
 
-    def advance(self, rows: Tensor, tokens: Tensor) -> "Constraints":
-        """Each new row continues parent row `rows` (N',) by `tokens` (N',)."""
-        self.select(rows)
+    def advance(self, rows: Tensor | None, tokens: Tensor) -> None:
+        """Each new row continues parent row `rows` (N',) (None: itself) by `tokens` (N',)."""
+        if rows is not None:
+            self.select(rows)
         node, met = self._after(tokens[:, None])
         self.node, self.met = node[:, 0], met[:, 0]
-        return self
+
+    def candidates(self, scores: Tensor, values: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Each row's candidates: its best (values, tokens) (N, n) and every token of its sentence's phrases
+        that is not among them already (-inf where it is), read from `scores` (N, V)."""
+        extra = self.extra()  # (N, a) the row's sentence's phrase tokens, -1 past them
+        seen = (extra[:, :, None] == tokens[:, None, :]).any(2) | (extra < 0)
+        extra = extra.clamp(min=0)  # padding: <pad>, at -inf
+        extra_values = scores.gather(1, extra).masked_fill(seen, float("-inf"))
+        return torch.cat([values, extra_values], 1), torch.cat([tokens, extra], 1)
+
+    def take(self, cand: Tensor, tokens: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """(scores, positions) (L, n) of the n candidates `cand` (L, m) the banks take (`choose`), by the progress
+        each candidate's token (`tokens`, (N, m/k)) makes."""
+        banks = self.progress(tokens).reshape(cand.shape)  # (L, m)
+        at = choose(cand, banks, n)
+        return cand.gather(1, at), at
 
 
 def choose(scores: Tensor, banks: Tensor, n: int) -> Tensor:
