@@ -27,7 +27,7 @@ from common import report  # noqa: E402
 import torch  # noqa: E402
 
 import tformer  # noqa: E402
-import tformer.decode.beam as beam_module  # noqa: E402
+import tformer.decode.constraints as constraints_module  # noqa: E402  (choose: where the banks take candidates)
 from tformer.checkpoint import load_checkpoint  # noqa: E402
 from tformer.data.translation import read_split  # noqa: E402
 from tformer.data.vocab import Vocab  # noqa: E402
@@ -82,15 +82,15 @@ def main() -> None:
     settings = {"beam, no constraints": None, "beam, constraints": wanted, "beam, constraints, no banks": wanted}
     times: dict[str, list[float]] = {k: [] for k in settings}
     outputs: dict[str, list[str]] = {}
-    real_choose = beam_module.choose
+    real_choose = constraints_module.choose
     for _ in range(args.rounds):
         for name, constraints in settings.items():
-            beam_module.choose = score_order if "no banks" in name else real_choose
+            constraints_module.choose = score_order if "no banks" in name else real_choose
             tic = time.perf_counter()
             outputs[name] = [t.text for t in translator.translate(sources, beam=args.beam, constraints=constraints)]
             times[name].append(time.perf_counter() - tic)
             print(f"{name}: {times[name][-1]:.1f} s", flush=True)
-    beam_module.choose = real_choose
+    constraints_module.choose = real_choose
     base = statistics.median(times["beam, no constraints"])
     table = ["| decoding | held (text) | held (pieces) | sacreBLEU | chrF | mean words | seconds (median) | time vs "
              "unconstrained |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
