@@ -147,6 +147,13 @@ def select_rows(cache: Cache, rows: Tensor) -> Cache:
     return cache.reorder(rows, rows)
 
 
+def owned_fp32(logits: Tensor) -> bool:
+    """True when `logits` are fp32 and own their memory (a step's fresh output, the search's to overwrite): a
+    rule or the log-softmax may then write over them instead of allocating an (N, V) tensor."""
+    return (logits.dtype == torch.float32 and logits._base is None and logits.is_contiguous()
+            and not logits.requires_grad)
+
+
 def penalize_repeats(logits: Tensor, history: Tensor, penalty: float) -> Tensor:
     """The repetition penalty (Keskar et al., 2019), as CTranslate2 and Hugging Face's RepetitionPenalty
     processor apply it: the logit of every token already in a row's `history` (N, t) is divided by `penalty`
@@ -157,8 +164,7 @@ def penalize_repeats(logits: Tensor, history: Tensor, penalty: float) -> Tensor:
     otherwise; `logits` as they are for penalty 1 or an empty history."""
     if penalty == 1.0 or not history.shape[1]:
         return logits
-    if not (logits.dtype == torch.float32 and logits._base is None and logits.is_contiguous()
-            and not logits.requires_grad):
+    if not owned_fp32(logits):
         logits = logits.to(torch.float32, copy=True)
     seen = logits.gather(1, history)  # (N, t): a token repeated in the history is penalised once
     return logits.scatter_(1, history, torch.where(seen > 0, seen / penalty, seen * penalty))
@@ -168,7 +174,7 @@ def log_probs(logits: Tensor) -> Tensor:
     """log_softmax over the vocabulary, in fp32, for a step's logits (N, V). Written over them when they are
     fp32 already and own their memory (a step's fresh output: the search's to overwrite), so a step allocates
     no (N, V) tensor for it; into a new tensor otherwise (bf16 logits, or a view of someone else's)."""
-    if logits.dtype == torch.float32 and logits._base is None and logits.is_contiguous() and not logits.requires_grad:
+    if owned_fp32(logits):
         return torch.log_softmax(logits, dim=-1, out=logits)
     return torch.log_softmax(logits.float(), dim=-1)
 
