@@ -254,6 +254,113 @@ def test_translate_file_checks_every_line_first_and_writes_atomically(translator
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.en", "in.en.gz", "old.de", "out.de"]
 
 
+# ------------------------------------------------------------------------------------------ plans
+
+
+def _texts(translations):
+    return [None if t is None else [(h.text, round(h.score, 4)) for h in t.hypotheses] for t in translations]
+
+
+def test_prepare_tokenises_each_text_exactly_once(translator, monkeypatch):
+    """A plan holds the ids: the checks and the search read them, nothing encodes a text twice."""
+    seen = []
+    for tokenizer in {id(t): t for t in (translator.source_tokenizer, translator.target_tokenizer)}.values():
+        encode = tokenizer.encode
+        monkeypatch.setattr(tokenizer, "encode", lambda text, encode=encode: seen.append(text) or encode(text))
+    sources, prefix, constraints = LINES[:3], ["DOG", None, ""], [None, ["RUNS", "SMALL"], None]
+    plan = translator.prepare(sources, prefix=prefix, constraints=constraints, beam=3)
+    assert sorted(seen) == sorted(sources + ["DOG", "RUNS", "SMALL"])
+    assert len(plan) == 3 and plan.widths == tuple(len(s) + 1 for s in plan.sources)
+    assert plan.phrases["constraints"][0] is None and len(plan.phrases["constraints"][1]) == 2
+    seen.clear()
+    translator.run([plan])
+    assert seen == []  # running decodes; it does not tokenise again
+    translator.translate(sources, prefix=prefix, constraints=constraints, beam=3)
+    assert len(seen) == 6
+
+
+def test_run_over_plans_equals_translating_each_alone(translator):
+    """Plans of one key decode as one list (sorted and batched together) and come back per plan, each what it
+    would have been alone; `cancelled` indexes the joined list."""
+    first = translator.prepare(LINES[:5], beam=3, nbest=2)
+    second = translator.prepare(LINES[5:9], beam=3, nbest=2, prefix=["DOG", None, None, "MAN"],
+                                constraints=[None, ["RUNS"], None, None])
+    alone = [translator.run([first])[0], translator.run([second])[0]]
+    assert _texts(alone[1]) == _texts(translator.translate(LINES[5:9], beam=3, nbest=2, prefix=["DOG", None, None,
+                                                           "MAN"], constraints=[None, ["RUNS"], None, None]))
+    together = translator.run([first, second])
+    assert [_texts(x) for x in together] == [_texts(x) for x in alone]
+    assert together[1][0].text.startswith("DOG") and "RUNS" in together[1][1].text
+    gone = translator.run([first, second], cancelled=lambda i: i in (1, 6))  # first[1] and second[1]
+    assert [_texts(x) for x in gone] == [_texts(alone[0][:1]) + [None] + _texts(alone[0][2:]),
+                                         _texts(alone[1][:1]) + [None] + _texts(alone[1][2:])]
+
+
+def test_files_of_prefixes_and_phrases_stream_beside_the_input(translator, tmp_path):
+    """translate_file's prefix_file and phrase_files (one line per input line; phrases tab-separated, an empty
+    line: none) translate as the lists do, in chunks too; a phrase file of another length is named."""
+    lines, prefix, constraints = LINES[:5], ["DOG", None, None, "MAN", None], [None, ["RUNS", "SMALL"], None, None,
+                                                                               ["WOMAN"]]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "prefix").write_text("".join((p or "") + "\n" for p in prefix), encoding="utf-8")
+    (tmp_path / "phrases").write_text("".join("\t".join(c or []) + "\n" for c in constraints), encoding="utf-8")
+    want = [t.text for t in translator.translate(lines, prefix=prefix, constraints=constraints, beam=3)]
+    translator.translate_file(tmp_path / "in.en", tmp_path / "out", prefix_file=tmp_path / "prefix",
+                              phrase_files={"constraints": tmp_path / "phrases"}, beam=3, chunk_size=2)
+    assert (tmp_path / "out").read_text(encoding="utf-8").splitlines() == want
+    got = translator.translate_iterable(iter(lines), prefix=iter(prefix), constraints=iter(constraints), beam=3,
+                                        chunk_size=3)
+    assert [t.text for t in got] == want
+    (tmp_path / "phrases").write_text("RUNS\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"in\.en has 5 lines but .*phrases has 1; give one line of constraints"):
+        translator.translate_file(tmp_path / "in.en", tmp_path / "out", phrase_files={"constraints":
+                                                                                      tmp_path / "phrases"}, beam=3)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(beam=4, nbest=2), "decode.beam_size: 3 and 4"),
+    (dict(beam=3, nbest=2, alignment=True), "alignment: False and True"),
+    (dict(beam=3, nbest=2, batch_type="tokens"), "batch_type: 'examples' and 'tokens'"),
+])
+def test_run_refuses_plans_that_decode_differently(translator, options, message):
+    plan = translator.prepare(LINES[:2], beam=3, nbest=2)
+    with pytest.raises(ValueError, match=message):
+        translator.run([plan, translator.prepare(LINES[2:4], **options)])
+    sampled = translator.prepare(LINES[:2], strategy="sample", seed=1)
+    assert sampled.key is None
+    with pytest.raises(ValueError, match="decodes alone"):
+        translator.run([sampled, translator.prepare(LINES[:2], strategy="sample", seed=1)])
+
+
+def test_a_checkpoint_that_says_beam_decodes_with_beam_everywhere(tmp_path):
+    """The decode section a checkpoint (its recipe) names is what the library, the command line and the
+    explorer use unless told otherwise, and each says which."""
+    import shutil
+
+    from tformer.explore import Explorer
+
+    ckpt = tmp_path / "checkpoint"
+    shutil.copytree(V1 / "checkpoint", ckpt)
+    cfg = (ckpt / "config.yaml").read_text(encoding="utf-8")
+    (ckpt / "config.yaml").write_text(cfg.replace("  strategy: greedy\n", "  strategy: beam\n")
+                                      .replace("  beam_size: 5\n", "  beam_size: 3\n"), encoding="utf-8")
+    translator = tformer.load(ckpt, device="cpu")
+    want = [t.text for t in translator.translate(LINES[:6])]
+    assert want == [t.text for t in translator.translate(LINES[:6], beam=3)]
+    assert want != [t.text for t in translator.translate(LINES[:6], beam=1)]  # the fixture tells beam from greedy
+    r = cli("translate", "--checkpoint", ckpt, stdin="\n".join(LINES[:6]) + "\n")
+    assert r.returncode == 0 and r.stdout.splitlines() == want, r.stderr
+    assert "translating with beam 3, length penalty alpha 0.6 (from the checkpoint's decode section)" in r.stderr
+    r = cli("translate", "--checkpoint", ckpt, "--beam", "1", stdin=LINES[0] + "\n")
+    assert r.returncode == 0 and "translating with greedy (from the command line: strategy)" in r.stderr
+    explorer = Explorer(translator)
+    assert explorer.defaults["beam"] == 3 and "decode section: beam 3" in explorer.info()["decoding"]
+    answer = explorer.translate({"text": LINES[0]})
+    assert answer["hypotheses"][0]["text"] == want[0]
+    assert answer["decode"]["strategy"] == "beam" and "checkpoint's decode section" in answer["decode"]["from"]
+    assert Explorer(tformer.load(V1 / "checkpoint", device="cpu")).defaults == {"beam": 1, "nbest": 1}
+
+
 # ------------------------------------------------------------------------------------------ attention
 
 

@@ -215,9 +215,9 @@ def checkpoint_missing_config(tmp, trained):
 
 @case
 def checkpoint_of_another_model(tmp, trained):
+    from tformer.checkpoint import unique_state
     from tformer.config import load_config
     from tformer.model import build_model
-    from tformer.training.checkpoint import unique_state
 
     ckpt = _ckpt_copy(tmp, trained)
     other = load_config(ckpt / "config.yaml", ["model.d_model=32", "model.d_ff=48"])

@@ -127,6 +127,33 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     assert f"resumed from {run / 'checkpoints' / latest} (step {step}," in r.stderr
 
 
+def test_translate_reads_phrase_inputs_from_a_file_per_line(run_dir, tmp_path):
+    """--constraints FILE (an option made from decode.PHRASE_INPUTS): one line per input line, its phrases
+    separated by a tab, an empty line for none; what the library translates with those phrases, checked
+    before anything is written."""
+    from tformer.api import load
+    from tformer.decode import PHRASE_INPUTS
+
+    src, phrases = tmp_path / "in.txt", tmp_path / "constraints.txt"
+    src.write_text("a b c\nd e f\nb b a\n", encoding="utf-8")
+    phrases.write_text("f\tc d\n\ne\n", encoding="utf-8")
+    r = tformer("translate", "--checkpoint", run_dir, "--input", src, "--constraints", phrases, "--beam", "3")
+    assert r.returncode == 0, r.stderr
+    want = load(run_dir, device="cpu").translate(["a b c", "d e f", "b b a"], beam=3,
+                                                 constraints=[["f", "c d"], None, ["e"]])
+    got = r.stdout.splitlines()
+    assert got == [t.text for t in want]
+    assert "f" in got[0].split() and "c d" in got[0] and "e" in got[2].split()
+    phrases.write_text("f\n", encoding="utf-8")
+    r = tformer("translate", "--checkpoint", run_dir, "--input", src, "--constraints", phrases, "--beam", "3")
+    assert r.returncode == 2 and f"has 3 lines but {phrases} has 1" in r.stderr and not r.stdout
+    phrases.write_text("f\n\n\n", encoding="utf-8")
+    r = tformer("translate", "--checkpoint", run_dir, "--input", src, "--constraints", phrases, "--beam", "1")
+    assert r.returncode == 2 and "constraints are enforced by beam search" in r.stderr
+    r = tformer("translate", "--help")
+    assert all(f"--{p.name.replace('_', '-')} FILE" in r.stdout for p in PHRASE_INPUTS)
+
+
 def test_an_over_long_line_typed_at_a_terminal_is_refused_and_the_session_goes_on(run_dir):
     import pty
 

@@ -43,10 +43,21 @@ class WordReversal:
     Translator.translate does, it gives that hard alignment when asked for `alignment`, and with
     `return_attention` cross-attention maps: each target piece's query puts half its weight on that source
     piece and spreads the rest over every key, </s> included, in every layer and head. The rest (config,
-    tokenizers: what a server reads) is the real translator's."""
+    tokenizers: what a server reads) is the real translator's; a server's plans (prepare, run) are the real
+    translator's, checked as ever, and run translates their sentences as `translate` does."""
 
     def __init__(self, real):
         self.real = real
+        self.sentences = {}  # plan -> the sentences it was prepared from
+
+    def prepare(self, sentences, **options):
+        plan = self.real.prepare(sentences, **options)
+        self.sentences[plan] = list(sentences)
+        return plan
+
+    def run(self, plans, cancelled=None):
+        return [self.translate(self.sentences.pop(p), nbest=p.decoding.cfg.nbest, alignment=p.decoding.extras.alignment,
+                               return_attention=p.decoding.extras.attention) for p in plans]
 
     def __getattr__(self, name):
         return getattr(self.real, name)
@@ -266,8 +277,8 @@ def test_the_server_takes_constraints_and_a_repetition_penalty_as_the_library_do
             ({"constraints": [[5], None, None]}, "constraints[0][0]: must be a string"),
             ({"constraints": [["ß€"], None, None]}, "constraints[0][0] ('ß€') holds 1 piece(s)"),
             ({"constraints": [["CAT"], None, None], "beam": 1}, "constraints are enforced by beam search"),
-            ({"repetition_penalty": 0}, "repetition_penalty: must be a number > 0"),
-            ({"repetition_penalty": "2"}, "repetition_penalty: must be a number > 0")]:
+            ({"repetition_penalty": 0}, "repetition_penalty: must be > 0, from 0.001 to 1000"),  # the config's
+            ({"repetition_penalty": "2"}, "repetition_penalty: must be a number")]:
             status, out, _ = call(url, "/v1/translate", {"src": LINES[:3], "beam": 3, **bad})
             assert status == 400 and message in out["error"], (bad, out)
 

@@ -229,13 +229,6 @@ def test_imports_into_finds_a_function_level_import_anywhere_in_a_package(tmp_pa
 
 MAX_LINES = 500  # a module longer than this wants splitting by responsibility (STYLE.md)
 
-# Modules over MAX_LINES while they are being split (issue 63): remove each as its split lands; never add one.
-LONG_MODULES_ALLOWED = {
-    "tformer/api.py",  # the public face, being split: loading and the Translator apart from their inputs
-    "tformer/config.py",  # the dataclasses, being split from their checks (tformer/config_checks.py)
-}
-
-
 def long_modules(package_dir: Path, limit: int) -> dict[str, int]:
     """Each module of the package with more than `limit` lines (path from the package's parent, '/'-separated)
     -> its number of lines."""
@@ -248,8 +241,7 @@ def long_modules(package_dir: Path, limit: int) -> dict[str, int]:
 
 
 def test_no_module_is_over_500_lines():
-    found = {p: n for p, n in long_modules(Path(tformer.__file__).parent, MAX_LINES).items()
-             if p not in LONG_MODULES_ALLOWED}
+    found = long_modules(Path(tformer.__file__).parent, MAX_LINES)
     assert not found, (f"modules over {MAX_LINES} lines; split them where their responsibilities part (STYLE.md): "
                        + ", ".join(f"{p} ({n})" for p, n in found.items()))
 

@@ -184,6 +184,108 @@ def test_an_answer_does_not_depend_on_what_it_was_batched_with(translator):
     assert stats.largest_batch > 5  # more sentences than any one request has
 
 
+# One pair of requests per field a request may set for decoding (tformer.serve.plans.decoding_fields: DecodeConfig's
+# per-call fields), the second differing from the first in that field alone, from a base where it matters.
+BEAM, SAMPLE = {"beam": 4, "nbest": 2}, {"strategy": "sample", "nbest": 2}
+VARIED = {
+    "strategy": ({}, {"strategy": "beam"}),
+    "beam": (BEAM, {**BEAM, "beam": 3}),
+    "nbest": (BEAM, {**BEAM, "nbest": 3}),
+    "len_penalty": (BEAM, {**BEAM, "len_penalty": 2.0}),
+    "len_penalty_rule": (BEAM, {**BEAM, "len_penalty_rule": "power"}),
+    "beam_finish": (BEAM, {**BEAM, "beam_finish": "all"}),
+    "min_len": (BEAM, {**BEAM, "min_len": 6}),
+    "max_len_a": (BEAM, {**BEAM, "max_len_a": 0.3}),
+    "max_len_b": ({**BEAM, "max_len_a": 0.3}, {**BEAM, "max_len_a": 0.3, "max_len_b": 1}),
+    "no_repeat_ngram": (BEAM, {**BEAM, "no_repeat_ngram": 1}),
+    "repetition_penalty": (BEAM, {**BEAM, "repetition_penalty": 3.0}),
+    "temperature": (SAMPLE, {**SAMPLE, "temperature": 0.3}),
+    "top_k": (SAMPLE, {**SAMPLE, "top_k": 2}),
+    "top_p": (SAMPLE, {**SAMPLE, "top_p": 0.3}),
+    "seed": (SAMPLE, {**SAMPLE, "seed": 7}),
+}
+OUTPUTS = {"alignment": (BEAM, {**BEAM, "alignment": True})}  # what the outputs carry
+
+
+def _hypotheses(translations) -> list:
+    """(text, score rounded, alignment) of every hypothesis: from the library's Translations or an answer."""
+    def one(h):
+        get = h.get if isinstance(h, dict) else lambda k: getattr(h, k)
+        align = get("alignment")
+        return get("text"), round(get("score"), 3), None if align is None else [list(p) for p in align]
+
+    out = []
+    for t in translations:
+        hyps = t.hypotheses if not isinstance(t, dict) else t.get("hypotheses", [t])
+        out.append([one(h) for h in hyps])
+    return out
+
+
+def test_requests_differing_in_any_decoding_field_each_decode_as_asked_however_batched(translator):
+    """Fields of a request left out between the batching key and the decoding: none possible. Pairs of requests
+    differing in one field each (every field a request may set, and alignment; LibreTranslate's text and html,
+    whose markup needs attention maps) sent at once to a server that waits to fill batches: each answer is the
+    library's for that request alone, and says which decoding it used; equal requests shared model calls."""
+    from tformer.config import DecodeConfig, request_fields
+    from tformer.documents import translate_documents
+    from tformer.serve.plans import decoding_fields
+
+    assert set(VARIED) == set(decoding_fields()), "give every per-call decoding field a pair of requests here"
+    src = LINES[:6]
+    jobs = [("/v1/translate", {"src": src, **options}) for pair in {**VARIED, **OUTPUTS}.values() for options in pair]
+    html = f"<p>{LINES[0]} <b>{LINES[1]}</b></p>"
+    libre = [("/translate", {"q": html, "source": "en", "target": "de", "format": f}) for f in ("text", "html")]
+    alone = [translator.translate(src, **{k: v for k, v in body.items() if k != "src"}) for _, body in jobs]
+    for name, a, b in zip({**VARIED, **OUTPUTS}, alone[::2], alone[1::2]):
+        assert _hypotheses(a) != _hypotheses(b), f"{name} changes nothing here: the pair tests nothing"
+    alone_libre = [translate_documents(translator, [html], format=f)[0] for f in ("text", "html")]
+    assert alone_libre[0] != alone_libre[1]
+    with live(translator, max_wait_ms=300, batch_tokens=1 << 16, max_queue=1024) as (srv, url):
+        barrier = threading.Barrier(len(jobs) + len(libre))
+
+        def send(job):
+            barrier.wait()
+            return call(url, *job)
+
+        with concurrent.futures.ThreadPoolExecutor(len(jobs) + len(libre)) as pool:
+            results = list(pool.map(send, jobs + libre))
+        stats = srv.service.batcher.stats
+    for (_, body), want, (status, out, _) in zip(jobs, alone, results):
+        assert status == 200, (body, out)
+        nbest = (body.get("nbest") or 1) > 1
+        assert _hypotheses(out["translations"]) == [h if nbest else h[:1] for h in _hypotheses(want)], body
+        options = {k: v for k, v in body.items() if k not in ("src", "alignment")}
+        cfg = translator.decode_settings(**options)
+        assert out["decoding"] == {k: getattr(cfg, k) for k in request_fields(DecodeConfig)}, body
+    assert [out["translatedText"] for _, out, _ in results[len(jobs):]] == alone_libre
+    assert stats.batches < len(jobs)  # equal requests (the bases) shared model calls
+
+
+def test_each_text_of_a_request_is_tokenised_once(translator, server, monkeypatch):
+    """From the HTTP body to the search, each source, prefix and phrase is tokenised exactly once: the plan's ids
+    are what the server's limits and the batch budget measure and what the search reads (counted on the
+    tokenizers, whichever path asks them); LibreTranslate's sentences likewise."""
+    import collections
+
+    _, url = server
+    seen = collections.Counter()
+    for tok in {id(t): t for t in (translator.source_tokenizer, translator.target_tokenizer)}.values():
+        def encode(text, *args, _encode=tok.encode, **kwargs):
+            seen[text] += 1
+            return _encode(text, *args, **kwargs)
+
+        monkeypatch.setattr(tok, "encode", encode)
+    body = {"src": LINES[:3], "prefix": ["MAN", None, None], "constraints": [None, ["SMALL DOG"], None], "beam": 4}
+    status, out, _ = call(url, "/v1/translate", body)
+    assert status == 200, out
+    assert seen == collections.Counter(LINES[:3] + ["MAN", "SMALL DOG"])
+    for form, q in (("text", f"{LINES[3]}\n{LINES[4]}"), ("html", f"<p>{LINES[3]}</p><p>{LINES[4]}</p>")):
+        seen.clear()
+        status, out, _ = call(url, "/translate", {"q": q, "source": "en", "target": "de", "format": form})
+        assert status == 200, out
+        assert seen == collections.Counter(LINES[3:5]), form
+
+
 def test_health_info_and_page(translator, server):
     srv, url = server
     status, health, _ = call(url, "/v1/health")
@@ -195,6 +297,10 @@ def test_health_info_and_page(translator, server):
                              "target": len(translator.target_tokenizer.vocab)}
     assert info["model"]["d_model"] == 16 and info["model"]["encoder_layers"] == 1
     assert info["decode"]["strategy"] == "greedy" and info["decode"]["beam_size"] == 5
+    assert info["decoding"] == {k: info["decode"][k] for k in info["decoding"]} and "quantize" not in info["decoding"]
+    status, out, _ = call(url, "/v1/translate", {"src": [LINES[0]]})  # no decoding field: the checkpoint's
+    assert out["decoding"] == info["decoding"] and out["translations"][0]["text"] == \
+        translator.translate([LINES[0]])[0].text
     assert info["limits"]["max_sentences"] == 8 and "api_key" not in info["limits"]
     assert info["batching"]["max_wait_ms"] == 5.0 and info["batching"]["batch_tokens"] == 4096
     with urllib.request.urlopen(url + "/", timeout=10) as r:
@@ -288,8 +394,21 @@ def test_libretranslate_bad_requests(server, body, message):
     ("/v1/translate", {"src": ["a"], "beam": "5"}, 400, "beam: must be a whole number"),
     ("/v1/translate", {"src": ["a"], "beam": True}, 400, "beam: must be a whole number"),
     ("/v1/translate", {"src": ["a"], "beam": 2, "nbest": 3}, 400, "nbest: 3 hypotheses cannot come from a beam of 2"),
-    ("/v1/translate", {"src": ["a"], "nbest": 2}, 400, "nbest: 2 hypotheses need beam search"),  # greedy default
+    ("/v1/translate", {"src": ["a"], "nbest": 2}, 400, "nbest: greedy search has one hypothesis"),  # greedy default
     ("/v1/translate", {"src": ["a"], "alignment": "yes"}, 400, "alignment: must be true or false"),
+    # the config's own bounds (DecodeConfig's field metadata), named by the request's field
+    ("/v1/translate", {"src": ["a"], "top_p": 0}, 400, "top_p: must be in (0, 1], got 0"),
+    ("/v1/translate", {"src": ["a"], "repetition_penalty": 1e-4}, 400, "repetition_penalty: must be > 0, from 0.001"),
+    ("/v1/translate", {"src": ["a"], "seed": 10 ** 30}, 400, "seed: must be from 0 to 4294967295"),
+    ("/v1/translate", {"src": ["a"], "strategy": "fast"}, 400, "strategy: must be one of 'greedy', 'beam', 'sample'"),
+    ("/v1/translate", {"src": ["a"], "temperature": "hot"}, 400, "temperature: must be a number"),
+    ("/v1/translate", {"src": ["a"], "min_len": 1.5}, 400, "min_len: must be a whole number"),
+    ("/v1/translate", {"src": ["a"], "quantize": "int8"}, 400, "unknown field(s) quantize"),  # chosen at load
+    ("/v1/translate", {"src": ["a"], "constraints": [["MAN"]]}, 400, "constraints are enforced by beam search"),
+    # the server's limits on what the plan asks of the model
+    ("/v1/translate", {"src": ["a"], "min_len": 41}, 400,
+     "min_len: must be a whole number from 0 to 40 (--max-tokens)"),
+    ("/v1/translate", {"src": ["a b"], "max_len_a": 30.0}, 400, "max_len_a: outputs of up to 160 pieces for src[0]"),
     ("/v1/score", {"src": ["a"], "tgt": ["A", "B"]}, 400, "2 targets for 1 sources"),
     ("/v1/score", {"src": [""], "tgt": ["A"]}, 400, "src[0]: empty"),
     ("/v1/score", {"src": ["a"]}, 400, "tgt: missing"),

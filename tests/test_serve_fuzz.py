@@ -12,8 +12,10 @@ the live server, so a route or a field lost from both at once still fails.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import typing
 
 import pytest
 import schemathesis
@@ -26,6 +28,8 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
 from test_serve import CHECKPOINT, call, live
 
 import tformer
+from tformer.config import DecodeConfig
+from tformer.decode import PHRASE_INPUTS
 from tformer.explore import Limits
 from tformer.serve import Settings
 from tformer.serve.openapi import openapi
@@ -67,11 +71,13 @@ PUBLIC_CODES = GET_CODES - {401}  # "no API key needed": /v1/health, /languages,
 #          keys every answer has, statuses)
 ROUTES = {
     "/v1/translate": ("post", {"src"}, {"beam", "nbest", "prefix", "alignment", "constraints", "repetition_penalty",
-                                        "timeout"},
-                      {"src": ["a b c"]}, {"translations"}, POST_CODES),
+                                        "timeout", "strategy", "len_penalty", "len_penalty_rule", "min_len",
+                                        "max_len_a", "max_len_b", "no_repeat_ngram", "temperature", "top_k",
+                                        "top_p", "seed", "beam_finish"},
+                      {"src": ["a b c"]}, {"translations", "decoding"}, POST_CODES),
     "/v1/score": ("post", {"src", "tgt"}, {"timeout"}, {"src": ["a b c"], "tgt": ["a b c"]}, {"scores"}, POST_CODES),
     "/v1/health": ("get", set(), set(), None, {"status", "pending_sentences", "uptime_seconds"}, PUBLIC_CODES),
-    "/v1/info": ("get", set(), set(), None, {"languages", "model", "vocab", "decode", "limits"}, GET_CODES),
+    "/v1/info": ("get", set(), set(), None, {"languages", "model", "vocab", "decode", "decoding", "limits"}, GET_CODES),
     "/translate": ("post", {"q", "source", "target"}, {"format", "api_key", "alternatives"},
                    {"q": "a b c", "source": "en", "target": "de"}, {"translatedText"}, POST_CODES),
     "/languages": ("get", set(), set(), None, None, PUBLIC_CODES),
@@ -111,6 +117,34 @@ def _matches_the_oracle(document: dict) -> None:
 
 def test_the_description_the_fuzzing_reads_is_the_documented_api():
     _matches_the_oracle(schema.raw_schema)
+
+
+def test_the_decoding_fields_are_the_configs_per_call_fields_with_their_bounds():
+    """/v1/translate's decoding fields are DecodeConfig's fields whose metadata says a call may set them (beam:
+    beam_size's short name), each with the config's bounds (capped by the server's --max-beam, --max-nbest,
+    --max-tokens) or its choices; its phrase fields are decode.PHRASE_INPUTS, with their most phrases."""
+    props = schema.raw_schema["components"]["schemas"]["TranslateRequest"]["properties"]
+    per_call = {"beam" if f.name == "beam_size" else f.name: f for f in dataclasses.fields(DecodeConfig)
+                if f.metadata.get("per_call")}
+    assert set(props) == {"src", "prefix", "alignment", "timeout"} | set(per_call) | {p.name for p in PHRASE_INPUTS}
+    assert {"strategy", "beam", "nbest", "len_penalty", "repetition_penalty", "top_p", "seed"} <= set(per_call)
+    assert not {"quantize", "precision", "shortlist", "batch_size", "batch_tokens"} & set(props)
+    caps = {"beam": LIMITS["max_beam"], "nbest": LIMITS["max_nbest"], "min_len": LIMITS["max_tokens"],
+            "max_len_b": LIMITS["max_tokens"]}
+    hints = typing.get_type_hints(DecodeConfig)
+    for name, f in per_call.items():
+        got, bounds = props[name], f.metadata["bounds"]
+        if typing.get_origin(hints[f.name]) is typing.Literal:
+            assert got["enum"] == [*typing.get_args(hints[f.name]), None], name
+            continue
+        low = "exclusiveMinimum" if bounds.open_low else "minimum"
+        assert got.get(low) == bounds.low, name
+        high = min(x for x in (bounds.high, caps.get(name)) if x is not None) if bounds.high or name in caps else None
+        assert got.get("maximum") == high, name
+        assert got["type"] == ["integer" if hints[f.name] is int else "number", "null"], name
+    assert props["top_p"] == {**props["top_p"], "exclusiveMinimum": 0, "maximum": 1}  # one spelled out
+    for p in PHRASE_INPUTS:
+        assert props[p.name]["items"]["maxItems"] == p.max_phrases and p.help in props[p.name]["description"]
 
 
 def test_the_server_serves_the_documented_api(url):

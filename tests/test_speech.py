@@ -225,8 +225,8 @@ def test_train_evaluate_and_transcribe_synthetic_speech(tmp_path, capsys):
 
 
 def test_subword_targets_and_their_checkpoint_files(tmp_path):
+    from tformer.checkpoint import CheckpointError, load_tokenizers, save_tokenizers
     from tformer.data.tokenizer import SubwordTokenizer
-    from tformer.training.checkpoint import CheckpointError, load_tokenizers, save_tokenizers
 
     cfg = DataConfig(task="synthetic_speech", train_size=300, valid_size=5, test_size=5, target_units="subword",
                      vocab_size=60)
@@ -245,7 +245,7 @@ def test_subword_targets_and_their_checkpoint_files(tmp_path):
 
 def test_char_tokenizer_survives_a_checkpoint(tmp_path):
     from tformer.data.speech import FrameInput
-    from tformer.training.checkpoint import load_tokenizers, save_tokenizers
+    from tformer.checkpoint import load_tokenizers, save_tokenizers
 
     tok = CharTokenizer.build(["ab c", "dé"])
     save_tokenizers((FrameInput(), tok), tmp_path)

@@ -160,8 +160,8 @@ def test_share_embeddings_needs_a_joint_vocabulary(corpus):
 
 
 def test_resume_reuses_the_run_tokenizer_and_bad_tokenizer_files_are_named(corpus, tmp_path, monkeypatch):
+    from tformer.checkpoint import CheckpointError, load_checkpoint
     from tformer.data import translation
-    from tformer.training.checkpoint import CheckpointError, load_checkpoint
     from tformer.training.loop import train
 
     cfg = Config(model=ModelConfig(d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1),

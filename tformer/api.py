@@ -8,6 +8,8 @@ are thin layers over this module.
     translator.translate(lines, prefix=["Ein Hund", None]) # force the start of an output
     translator.translate(lines, beam=5, constraints=[["Strand"], None])  # phrases each output must hold
     translator.translate(lines, alignment=True)[0].hypotheses[0].alignment   # [(source i, target j), ...]
+    plan = translator.prepare(lines, beam=5)              # checked and tokenised once (tformer.plan.Plan)
+    translator.run([plan, other_plan])                     # plans of one key decoded together, split per plan
     translator.translate_iterable(open("big.en"))          # streams: constant memory, input order
     translator.translate_file("in.en", "out.de")           # every line checked first; written atomically
     translator.translate_file("in.en", "out.de", prefix_file="in.prefix")    # one target prefix per line
@@ -19,9 +21,9 @@ are thin layers over this module.
 Text in, text out: sources are raw sentences (normalised and tokenised here with the checkpoint's own
 tokenizers), or for a speech model audio files, 16 kHz waveforms (samples,) or feature frames (frames,
 model.feature_dim); outputs are detokenised. An empty sentence translates to an empty string without decoding.
-Decoding settings are
-DecodeConfig's fields (tformer.config), given to `load` as defaults or to each call; `beam=N` is short for
-strategy beam with beam_size N (1: greedy). Bad input raises a tformer.errors.TformerError naming what and
+Decoding settings are DecodeConfig's fields (tformer.config): the checkpoint's decode section (what its recipe
+named) unless `load` or a call overrides them; `beam=N` is short for strategy beam with beam_size N (1:
+greedy). Bad input raises a tformer.errors.TformerError naming what and
 where (the list index, the file and line, the setting).
 """
 
@@ -35,44 +37,44 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
-from tformer.data.corpus import iter_lines, normalize
+from tformer.data.corpus import normalize
+from tformer.decode.phrases import PHRASE_INPUTS
 from tformer.inputs import check_batch_type as _check_batch_type
-from tformer.inputs import check_chunk as _check_chunk
 from tformer.inputs import check_list as _check_list
-from tformer.inputs import decode_fields, phrase_ids  # noqa: F401  (decode_fields: the command line's)
+from tformer.inputs import decode_fields  # noqa: F401  (decode_fields: the command line's)
 from tformer.errors import ConfigError, DataError
-from tformer.files import writing
+from tformer import plan as plans_
+from tformer import streams
+from tformer.plan import Decoding, Extras, Plan
 from tformer.inference import BatchType, Source, batching, model_from, score_ids, translate_ids
 from tformer.inspection import attention_maps, check_alignment, hard_alignments, token_labels
 from tformer.model.ensemble import Ensemble
 from tformer.shortlist import Shortlist
-from tformer.results import (SCORE_FORMATS, Alignment, Evaluation, Hypothesis, Score, Translation, format_score,
-                             format_translation, parse_pair)
+from tformer.results import (SCORE_FORMATS, Alignment, Evaluation, Hypothesis, Score, Translation,  # noqa: F401
+                             format_score, format_translation)
 from tformer.convert import open_checkpoint
-from tformer.training.checkpoint import Checkpoint
-from tformer.training.start import prepare, train, train_config  # noqa: F401  (the public API: tformer.train)
+from tformer.checkpoint import Checkpoint
 
 MAX_SOURCE_TOKENS = 1024  # default limit on a source's pieces: attention memory grows with its square
-CHUNK = 10_000  # sentences read, sorted by length and decoded together by the streaming forms
+CHUNK = streams.CHUNK  # sentences read, sorted by length and decoded together by the streaming forms
 EXTRAS = ("return_attention", "alignment", "alignment_layer", "alignment_heads")  # what outputs carry, on request
 SCORE_OPTIONS = ("batch_size", "batch_tokens")  # the decoding settings scoring reads
-_END = object()  # what next() gives at the end of a stream
 log = logging.getLogger("tformer")
 
 
-@dataclass(frozen=True)
-class _Extras:
-    """What each output carries besides its text and score, when asked for (checked against the model)."""
+@dataclass
+class _Found:
+    """One decoded sentence of a plan, while its Translation is made."""
 
-    attention: bool = False
-    alignment: bool = False
-    layer: int = -1  # the alignment's decoder layer (ACT step), negative from the last
-    heads: tuple[int, ...] | None = None  # the heads its weights average; None: all
+    index: int  # in the plan
+    source: Source
+    tokens: list[list[int]] | None  # the n-best ids, best first (empty: every path ruled out; None: cancelled)
+    scores: list[float]
+    alignments: list[Alignment | None]
 
 
 class Translator:
@@ -158,81 +160,20 @@ class Translator:
                               f"{len(self.model.models)} checkpoints, which only decodes: load one checkpoint")
 
     def _extras(self, return_attention: bool = False, alignment: bool = False, alignment_layer: int = -1,
-                alignment_heads: Sequence[int] | None = None) -> _Extras:
+                alignment_heads: Sequence[int] | None = None) -> Extras:
         if return_attention or alignment:
             self._one_model("attention maps and alignments")
         heads = None if self.ensemble else check_alignment(self.model, alignment_layer, alignment_heads)
-        return _Extras(bool(return_attention), bool(alignment), alignment_layer, heads)
+        return Extras(bool(return_attention), bool(alignment), alignment_layer, heads)
 
-    def _source(self, source: Any, where: str) -> Source | None:
-        """One source, checked: ids of a sentence, frames (S, F), or None for an empty sentence."""
-        if self.reads_frames:
-            from tformer.data.audio import FbankOptions, check_waveform, fbank
-            from tformer.data.speech import FEATURE_SUFFIXES, check_frames, utterance_features
-
-            dim = self.config.model.feature_dim
-            if isinstance(source, (str, Path)) and Path(source).suffix.lower() in FEATURE_SUFFIXES:
-                return torch.from_numpy(utterance_features(Path(source), dim))  # audio, or .npy frames
-            if isinstance(source, str) or not hasattr(source, "shape"):
-                raise DataError(f"{where}: this model reads speech: an audio file (.wav, .flac, .ogg), a .npy file, "
-                                f"a 16 kHz waveform (samples,) or feature frames (frames, {dim}); got "
-                                f"{type(source).__name__}")
-            array = source.detach().cpu().numpy() if isinstance(source, Tensor) else np.asarray(source)
-            if array.ndim == 1:  # a waveform: its filterbanks
-                problem = check_waveform(array)
-                if problem:
-                    raise DataError(f"{where}: the waveform {problem}")
-                return torch.from_numpy(fbank(array, FbankOptions(num_mel_bins=dim)))
-            problem = check_frames(array, dim)
-            if problem:
-                raise DataError(f"{where}: {problem}")
-            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-        return self._text(source, "source", where) or None
-
-    def _text(self, text: Any, side: str, where: str) -> list[int]:
-        """The ids of one sentence of `side`, checked: a string, at most max_source_tokens pieces."""
-        if not isinstance(text, str):
-            raise DataError(f"{where}: a sentence must be a string, got {type(text).__name__}")
-        ids = self.encode(text, side)
-        limit = self.max_source_tokens
-        if limit and len(ids) > limit:
-            chars = len(text.rstrip("\r\n"))  # a line read from a file keeps its ending
-            raise DataError(f"{where}: {len(ids)} {side} pieces ({chars:,} characters), more than "
-                            f"max_source_tokens={limit} (--max-source-tokens {limit}); split it into sentences, or "
-                            "raise the limit")
-        return ids
-
-    def _sources(self, sources: Sequence[Any], where) -> list[Source | None]:
-        return [self._source(s, where(i)) for i, s in enumerate(sources)]
-
-    def _prefix(self, prefix: Any, where: str) -> list[int]:
-        """A target prefix's ids (None or '': none); the sources' length limit holds for it too."""
-        if prefix is None:
-            return []
-        if not isinstance(prefix, str):
-            raise DataError(f"{where}: a prefix must be a string or None, got {type(prefix).__name__}")
-        return self._text(prefix, "target", where)
-
-    def _prefixes(self, prefix: Sequence[str | None] | None, n: int) -> list[list[int]] | None:
-        if prefix is None:
-            return None
-        _check_list(prefix, "prefix")
-        if len(prefix) != n:
-            raise DataError(f"prefix has {len(prefix)} entries for {n} sources; give one per source (None for none)")
-        return [self._prefix(p, f"prefix[{i}]") for i, p in enumerate(prefix)]
-
-    def constraint_ids(self, constraints: Sequence[Sequence[str] | None] | None, n: int, cfg: DecodeConfig
-                       ) -> list[list[list[int]]] | None:
-        """`translate`'s constraints for `n` sources as ids, checked (strings the target vocabulary can spell,
-        at most MAX_PHRASES a source, beam search in `cfg`): a DataError or ConfigError names the entry."""
-        return phrase_ids(constraints, n, cfg.strategy, lambda text, where: self._text(text, "target", where))
-
-    def _pair(self, source: Any, target: Any, where_source: str, where_target: str) -> tuple[Source, list[int]]:
-        """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty)."""
-        checked = self._source(source, where_source)
-        if checked is None:
-            raise DataError(f"{where_source} is empty: there is nothing to score a translation against")
-        return checked, self._text(target, "target", where_target)
+    def decoding(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
+                 batch_type: BatchType = "examples", return_attention: bool = False, alignment: bool = False,
+                 alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
+                 **settings: Any) -> Decoding:
+        """How a call decodes (tformer.plan.Decoding), checked: `decode_settings` and what outputs carry."""
+        _check_batch_type(batch_type)
+        cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)
+        return Decoding(cfg, self._extras(return_attention, alignment, alignment_layer, alignment_heads), batch_type)
 
     # ---------------------------------------------------------------------------------------- translate
 
@@ -240,8 +181,7 @@ class Translator:
                   prefix: Sequence[str | None] | None = None, batch_size: int | None = None,
                   batch_type: BatchType = "examples", return_attention: bool = False, alignment: bool = False,
                   alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
-                  cancelled: Callable[[int], bool] | None = None,
-                  constraints: Sequence[Sequence[str] | None] | None = None, **settings: Any) -> list[Translation]:
+                  cancelled: Callable[[int], bool] | None = None, **settings: Any) -> list[Translation]:
         """Translate every source (raw sentences, or frame arrays for a frame encoder); one Translation per
         source, in order. Every source is checked before any is decoded. `prefix`: one string (or None) per
         source that its outputs must begin with. `batch_size` sentences per batch, or with batch_type
@@ -253,20 +193,39 @@ class Translator:
         hypothesis' `tokens` (fairseq's --print-alignment; tformer.inspection.hard_alignments).
         `cancelled(i)`, asked before every batch and decoding step, True once source i's translation is no
         longer wanted: it leaves its batch at once (the others decode as they would have) and its entry is None
-        (tformer serve gives up on a request past its time limit this way). `constraints`: one list of target
-        phrases (or None) per source that each of its outputs must hold, enforced by lexically constrained beam
-        search (tformer.decode.constraints; beam search only, at most 8 phrases a sentence; a length limit too
-        short for them is raised). `settings`: more DecodeConfig
+        (tformer serve gives up on a request past its time limit this way). Phrase inputs (decode.PHRASE_INPUTS),
+        one list of target phrases (or None) per source: `constraints`, phrases each of its outputs must hold,
+        enforced by lexically constrained beam search (tformer.decode.constraints; beam search only, at most 8
+        phrases a sentence; a length limit too short for them is raised). `settings`: more DecodeConfig
         fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, repetition_penalty,
         temperature, top_k, top_p, seed, batch_tokens; `quantize` is chosen by `tformer.load`)."""
+        return self.run([self.prepare(sources, beam=beam, nbest=nbest, prefix=prefix, batch_size=batch_size,
+                                      batch_type=batch_type, return_attention=return_attention, alignment=alignment,
+                                      alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                                      **settings)], cancelled)[0]
+
+    def prepare(self, sources: Sequence[Any], *, prefix: Sequence[str | None] | None = None, beam: int | None = None,
+                nbest: int | None = None, batch_size: int | None = None, batch_type: BatchType = "examples",
+                return_attention: bool = False, alignment: bool = False, alignment_layer: int = -1,
+                alignment_heads: Sequence[int] | None = None, **inputs_and_settings: Any) -> Plan:
+        """`translate`'s sources and options as a Plan (tformer.plan): every check `translate` makes, each text
+        (source, prefix, phrase) tokenised once. Keywords named in decode.PHRASE_INPUTS are phrase inputs
+        (constraints), the others DecodeConfig fields."""
+        phrases = {p.name: inputs_and_settings.pop(p.name) for p in PHRASE_INPUTS if p.name in inputs_and_settings}
         _check_list(sources, "sources")
-        _check_batch_type(batch_type)
-        cfg = self.decode_settings(beam=beam, nbest=nbest, batch_size=batch_size, **settings)
-        extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
-        prefixes = self._prefixes(prefix, len(sources))
-        phrases = self.constraint_ids(constraints, len(sources), cfg)
-        checked = self._sources(sources, lambda i: f"sources[{i}]")
-        return self._translate(checked, cfg, prefixes, batch_type, extras, cancelled, phrases)
+        decoding = self.decoding(beam=beam, nbest=nbest, batch_size=batch_size, batch_type=batch_type,
+                                 return_attention=return_attention, alignment=alignment,
+                                 alignment_layer=alignment_layer, alignment_heads=alignment_heads,
+                                 **inputs_and_settings)
+        return plans_.prepare(self, decoding, sources, prefix, phrases)
+
+    def run(self, plans: Sequence[Plan], cancelled: Callable[[int], bool] | None = None
+            ) -> list[list[Translation | None]]:
+        """Decode plans of one key (Plan.key; else a ValueError naming the setting that differs) as one list of
+        sentences; `cancelled(i)` (as `translate`) indexes that list. The Translations come back per plan."""
+        out = self._translate(plans_.join(plans), cancelled)
+        sizes = list(itertools.accumulate(len(p) for p in plans))
+        return [out[end - len(p) : end] for p, end in zip(plans, sizes)]
 
     def translate_iterable(self, sources: Iterable[Any], *, prefix: Iterable[str | None] | None = None,
                            chunk_size: int = CHUNK, name: str = "the input", prefix_name: str = "the prefixes",
@@ -276,126 +235,78 @@ class Translator:
         none); streams of different lengths are an error. A bad source stops the stream with an error naming
         `name` (a bad prefix `prefix_name`) and its line (the first source is line `first_line`). `options`:
         as `translate` (beam, nbest, batch_size, batch_type, return_attention, alignment, alignment_layer,
-        alignment_heads, DecodeConfig fields)."""
-        for value, what in ((sources, "sentences"), (prefix, "prefixes")):
-            if isinstance(value, (str, bytes)):
-                raise DataError(f"translate_iterable takes an iterable of {what} (a list, an open file), got a "
-                                f"{type(value).__name__}")
-        _check_chunk(chunk_size)
-        names = (f"{name}, line {{}}", f"{prefix_name}, line {{}}", name, prefix_name)
-        return self._stream(iter(sources), None if prefix is None else iter(prefix), chunk_size, names, first_line,
-                            *self._options(options))
+        alignment_heads, DecodeConfig fields); a phrase input (constraints=...) is a stream beside the
+        sources too, one list of phrases (or None) per source."""
+        return streams.translate_iterable(self, sources, prefix, chunk_size, name, prefix_name, first_line,
+                                          dict(options))
 
     def translate_file(self, source: str | Path | IO[bytes], output: str | Path | IO[str], *,
-                       prefix_file: str | Path | IO[bytes] | None = None, name: str | None = None,
+                       prefix_file: str | Path | IO[bytes] | None = None,
+                       phrase_files: dict[str, str | Path | IO[bytes]] | None = None, name: str | None = None,
                        prefix_name: str | None = None, chunk_size: int = CHUNK, **options: Any) -> int:
         """Translate a UTF-8 text file (plain or gzip), one sentence per line, into `output` (a path, written
         under a temporary name and renamed when complete, or an open text stream): one line per input line,
         or with nbest > 1 'index ||| translation ||| score' lines (Moses n-best); with alignment=True each
         line ends in ' ||| ' and the alignment, 'source-target' index pairs ('0-0 1-2 2-1', Marian's
         format). `prefix_file`: one target prefix per input line (an empty line: none), as many lines as
-        the input. Every line is checked first (UTF-8, length, the line counts), so a bad line stops it
-        before anything is written; reading and decoding then stream in constant memory. Returns the number
-        of lines. `name` / `prefix_name` name the files in messages. `options`: as `translate`."""
-        name = name or str(source)
-        settings = self._options(options)
-        _check_chunk(chunk_size)
-        count = 0
-        for count, line in enumerate(iter_lines(source, name), 1):
-            self._source(line, f"{name}, line {count}")
-        if not count:
-            raise DataError(f"{name} is empty: nothing to translate")
-        prefixes = None
-        if prefix_file is not None:
-            prefix_name = prefix_name or str(prefix_file)
-            n = 0
-            for n, line in enumerate(iter_lines(prefix_file, prefix_name), 1):
-                self._prefix(line, f"{prefix_name}, line {n}")
-            if n != count:
-                raise DataError(f"{name} has {count} lines but {prefix_name} has {n}; give one prefix per input "
-                                "line (an empty line for none)")
-        names = (f"{name}, line {{}}", f"{prefix_name}, line {{}}", name, prefix_name)
-        with writing(output) as out:
-            lines = iter_lines(source, name)
-            if prefix_file is not None:
-                prefixes = iter_lines(prefix_file, prefix_name)
-            for index, translation in enumerate(self._stream(lines, prefixes, chunk_size, names, 1, *settings)):
-                out.write(format_translation(translation, index, settings[0].nbest > 1, settings[2].alignment))
-        return count
+        the input; `phrase_files`: a phrase input's name (decode.PHRASE_INPUTS: constraints, ...) -> a file of
+        one line per input line, its phrases separated by tabs (an empty line: none). Every line is checked
+        first (UTF-8, length, the line counts), so a bad line stops it before anything is written; reading and
+        decoding then stream in constant memory. Returns the number of lines. `name` / `prefix_name` name the
+        files in messages. `options`: as `translate`."""
+        return streams.translate_file(self, source, output, prefix_file, phrase_files, name, prefix_name,
+                                      chunk_size, dict(options))
 
-    def _options(self, options: dict[str, Any], only: tuple[str, ...] | None = None
-                 ) -> tuple[DecodeConfig, BatchType, _Extras]:
-        """Keyword options -> (decoding settings, batch type, what outputs carry), checked; `only`: the
-        DecodeConfig fields allowed (None: all)."""
-        options = dict(options)
-        batch_type = options.pop("batch_type", "examples")
-        _check_batch_type(batch_type)
-        extras = self._extras(**{k: options.pop(k) for k in EXTRAS if k in options})
-        unknown = sorted(set(options) - set(only)) if only is not None else []
+    def _options(self, options: dict[str, Any], only: tuple[str, ...] | None = None) -> Decoding:
+        """Keyword options (beam, batch_type, the alignment options, DecodeConfig fields) as a Decoding, checked;
+        `only`: the DecodeConfig fields allowed (None: all)."""
+        unknown = sorted(set(options) - {"batch_type", *EXTRAS, *only}) if only is not None else []
         if unknown:
             raise ConfigError(f"scoring takes no option {', '.join(map(repr, unknown))}; it takes batch_type, "
                               f"{', '.join(only + EXTRAS)}")
-        return self.decode_settings(**options), batch_type, extras
+        return self.decoding(**options)
 
-    def _stream(self, stream: Iterator[Any], prefixes: Iterator[Any] | None, chunk_size: int,
-                names: tuple[str, str, str, str | None], first: int, cfg: DecodeConfig, batch_type: BatchType,
-                extras: _Extras) -> Iterator[Translation]:
-        """Chunks of `stream` (and of `prefixes` beside it), checked and translated in turn. `names`: formats of
-        a source's and a prefix's line for messages, then the names of both streams."""
-        where, prefix_where, name, prefix_name = names
-        done = first
-        while chunk := list(itertools.islice(stream, chunk_size)):
-            checked = self._sources(chunk, lambda i: where.format(done + i))
-            ids = None
-            if prefixes is not None:
-                part = list(itertools.islice(prefixes, len(chunk)))
-                if len(part) < len(chunk):
-                    raise DataError(f"{name}: more lines than {prefix_name}, whose last is line "
-                                    f"{done + len(part) - 1}; give one prefix per input line (an empty one: none)")
-                ids = [self._prefix(p, prefix_where.format(done + i)) for i, p in enumerate(part)]
-            yield from self._translate(checked, cfg, ids, batch_type, extras)
-            done += len(chunk)
-        if prefixes is not None and next(prefixes, _END) is not _END:
-            raise DataError(f"{prefix_name}: more lines than {name}, whose last is line {done - 1}; give one prefix "
-                            "per input line")
-
-    def _translate(self, checked: list[Source | None], cfg: DecodeConfig, prefixes: list[list[int]] | None,
-                   batch_type: BatchType, extras: _Extras, cancelled: Callable[[int], bool] | None = None,
-                   constraints: list[list[list[int]]] | None = None) -> list[Translation]:
+    def _translate(self, plan: Plan, cancelled: Callable[[int], bool] | None = None) -> list[Translation | None]:
+        """Decode a plan's sentences (empty ones are not decoded); None for a cancelled one."""
+        cfg, extras = plan.decoding.cfg, plan.decoding.extras
         self.shortlist(cfg)  # checked against the vocabularies (translate_ids opens it)
-        live = [i for i, s in enumerate(checked) if s is not None]
+        live = [i for i, s in enumerate(plan.sources) if s is not None]
+        ids = [list(s) if isinstance(s, tuple) else s for s in (plan.sources[i] for i in live)]
+        prefixes = None if plan.prefixes is None else [list(plan.prefixes[i]) for i in live]
+        phrases = {name: [None if per[i] is None else [list(p) for p in per[i]] for i in live]
+                   for name, per in plan.phrases.items()}
         gone = None if cancelled is None else (lambda j: cancelled(live[j]))
-        nbest = translate_ids(self.model, [checked[i] for i in live], cfg,
-                              None if prefixes is None else [prefixes[i] for i in live], batch_type,
-                              gone, None if constraints is None else
-                              {"constraints": [constraints[i] for i in live]}) if live else None
-        kept = [(j, i) for j, i in enumerate(live) if nbest.tokens[j] is not None]
-        aligned = iter(self._align([(checked[i], h) for j, i in kept for h in nbest.tokens[j]], cfg,
-                                   batch_type, extras) if kept and extras.alignment else ())
+        nbest = translate_ids(self.model, ids, cfg, prefixes, plan.decoding.batch_type, gone, phrases) if live else None
+        found = {i: _Found(i, src, toks, scores, []) for i, src, toks, scores in
+                 zip(live, ids, nbest.tokens, nbest.scores)} if live else {}
+        kept = [f for f in found.values() if f.tokens is not None]  # not cancelled
+        if extras.alignment and kept:
+            aligned = iter(self._align([(f.source, h) for f in kept for h in f.tokens], cfg, plan.decoding.batch_type,
+                                       extras))
+            for f in kept:
+                f.alignments = [next(aligned) for _ in f.tokens]
         empty = [] if extras.alignment else None
-        out = [Translation([], [Hypothesis("", [], 0.0, None, empty)]) for _ in checked]  # empty sources
-        for j, i in enumerate(live):
-            if nbest.tokens[j] is None:
-                out[i] = None  # cancelled
-                continue
-            src, hyps = checked[i], nbest.tokens[j]
-            src_pieces = [] if isinstance(src, Tensor) else self.pieces(src, "source")
-            if not hyps:  # every path was ruled out (e.g. no_repeat_ngram against a constraint): say so, empty
-                log.warning("source %d: no output satisfies the decoding rules (no_repeat_ngram, constraints); its "
-                            "translation is empty with score -inf", i)
-                out[i] = Translation(src_pieces, [Hypothesis("", [], float("-inf"), None, empty)])
-                continue
-            maps = [None] * len(hyps)
-            if extras.attention:
-                maps = attention_maps(self.model, [(src, h) for h in hyps], None if isinstance(src, Tensor) else
-                                      [src_pieces] * len(hyps), [self.pieces(h) for h in hyps])
-            out[i] = Translation(src_pieces, [Hypothesis(self.decode(h), self.pieces(h), float(s), m,
-                                                         next(aligned) if extras.alignment else None)
-                                              for h, s, m in zip(hyps, nbest.scores[j], maps)])
-        return out
+        return [Translation([], [Hypothesis("", [], 0.0, None, empty)]) if i not in found  # an empty source
+                else None if found[i].tokens is None else self._translation(found[i], extras)  # None: cancelled
+                for i in range(len(plan))]
+
+    def _translation(self, found: _Found, extras: Extras) -> Translation:
+        src, hyps = found.source, found.tokens
+        src_pieces = [] if isinstance(src, Tensor) else self.pieces(src, "source")
+        if not hyps:  # every path was ruled out (e.g. no_repeat_ngram against a constraint): say so, empty
+            log.warning("source %d: no output satisfies the decoding rules (no_repeat_ngram, constraints); its "
+                        "translation is empty with score -inf", found.index)
+            return Translation(src_pieces, [Hypothesis("", [], float("-inf"), None, [] if extras.alignment else None)])
+        maps = [None] * len(hyps)
+        if extras.attention:
+            maps = attention_maps(self.model, [(src, h) for h in hyps], None if isinstance(src, Tensor) else
+                                  [src_pieces] * len(hyps), [self.pieces(h) for h in hyps])
+        alignments = found.alignments or [None] * len(hyps)
+        return Translation(src_pieces, [Hypothesis(self.decode(h), self.pieces(h), float(s), m, a)
+                                        for h, s, m, a in zip(hyps, found.scores, maps, alignments)])
 
     def _align(self, pairs: list[tuple[Source, list[int]]], cfg: DecodeConfig, batch_type: BatchType,
-               extras: _Extras) -> list[Alignment]:
+               extras: Extras) -> list[Alignment]:
         """Hard alignments of (source, target ids) pairs, in batches as decoding makes them."""
         return hard_alignments(self.model, pairs, extras.layer, extras.heads, *batching(cfg, batch_type))
 
@@ -413,11 +324,12 @@ class Translator:
         _check_list(targets, "targets")
         if len(sources) != len(targets):
             raise DataError(f"{len(sources)} sources but {len(targets)} targets; give one target per source")
-        _check_batch_type(batch_type)
-        cfg = self.decode_settings(batch_size=batch_size, batch_tokens=batch_tokens)
-        extras = self._extras(return_attention, alignment, alignment_layer, alignment_heads)
-        pairs = [self._pair(s, t, f"sources[{i}]", f"targets[{i}]") for i, (s, t) in enumerate(zip(sources, targets))]
-        return self._score(pairs, cfg, batch_type, extras, cancelled)
+        decoding = self.decoding(batch_size=batch_size, batch_tokens=batch_tokens, batch_type=batch_type,
+                                 return_attention=return_attention, alignment=alignment,
+                                 alignment_layer=alignment_layer, alignment_heads=alignment_heads)
+        pairs = [plans_.pair_ids(self, s, t, f"sources[{i}]", f"targets[{i}]")
+                 for i, (s, t) in enumerate(zip(sources, targets))]
+        return self._score(pairs, decoding, cancelled)
 
     def score_iterable(self, pairs: Iterable[tuple[Any, str]], *, chunk_size: int = CHUNK, name: str = "the input",
                        first_line: int = 1, **options: Any) -> Iterator[Score]:
@@ -425,12 +337,7 @@ class Translator:
         does not grow with the input. A bad pair stops the stream with an error naming `name` and its line
         (the first pair is line `first_line`). `options`: as `score` (batch_size, batch_type, batch_tokens,
         return_attention, alignment, alignment_layer, alignment_heads)."""
-        if isinstance(pairs, (str, bytes)):
-            raise DataError(f"score_iterable takes an iterable of (source, target) pairs, got a "
-                            f"{type(pairs).__name__}")
-        _check_chunk(chunk_size)
-        cfg, batch_type, extras = self._options(options, SCORE_OPTIONS)
-        return self._score_stream(iter(pairs), chunk_size, name, first_line, cfg, batch_type, extras)
+        return streams.score_iterable(self, pairs, chunk_size, name, first_line, self._options(options, SCORE_OPTIONS))
 
     def score_file(self, pairs: str | Path | IO[bytes], output: str | Path | IO[str], *, name: str | None = None,
                    format: str = "tsv", pieces: bool = False, chunk_size: int = CHUNK, **options: Any) -> int:
@@ -443,36 +350,12 @@ class Translator:
         names the input in messages; `options`: as `score`."""
         if format not in SCORE_FORMATS:
             raise ConfigError(f"format must be one of {', '.join(SCORE_FORMATS)}; got {format!r}")
-        name = name or str(pairs)
-        cfg, batch_type, extras = self._options(options, SCORE_OPTIONS)
-        _check_chunk(chunk_size)
-        count = 0
-        for count, line in enumerate(iter_lines(pairs, name), 1):
-            where = f"{name}, line {count}"
-            self._pair(*parse_pair(line, where), f"{where} (source)", f"{where} (target)")
-        if not count:
-            raise DataError(f"{name} is empty: nothing to score")
-        with writing(output) as out:
-            lines = (parse_pair(line, "") for line in iter_lines(pairs, name))
-            for score in self._score_stream(lines, chunk_size, name, 1, cfg, batch_type, extras):
-                out.write(format_score(score, format, pieces))
-        return count
+        return streams.score_file(self, pairs, output, name, format, pieces, chunk_size,
+                                  self._options(options, SCORE_OPTIONS))
 
-    def _score_stream(self, stream: Iterator[Any], chunk_size: int, name: str, first: int, cfg: DecodeConfig,
-                      batch_type: BatchType, extras: _Extras) -> Iterator[Score]:
-        done = first
-        while chunk := list(itertools.islice(stream, chunk_size)):
-            checked = []
-            for i, pair in enumerate(chunk):
-                where = f"{name}, line {done + i}"
-                if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
-                    raise DataError(f"{where}: a pair (source, target) is needed, got {type(pair).__name__}")
-                checked.append(self._pair(*pair, f"{where} (source)", f"{where} (target)"))
-            yield from self._score(checked, cfg, batch_type, extras)
-            done += len(chunk)
-
-    def _score(self, pairs: list[tuple[Source, list[int]]], cfg: DecodeConfig, batch_type: BatchType,
-               extras: _Extras, cancelled: Callable[[int], bool] | None = None) -> list[Score]:
+    def _score(self, pairs: list[tuple[Source, list[int]]], decoding: Decoding,
+               cancelled: Callable[[int], bool] | None = None) -> list[Score]:
+        cfg, batch_type, extras = decoding.cfg, decoding.batch_type, decoding.extras
         self._one_model("forced-decoding scores")
         logps = score_ids(self.model, [s for s, _ in pairs], [t for _, t in pairs], *batching(cfg, batch_type),
                           cancelled=cancelled)

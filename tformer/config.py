@@ -2,31 +2,26 @@
 
 Config is data, construction is code. Every section validates itself in ``__post_init__``; loading a
 YAML file or an override ``a.b=c`` checks every key and type against these classes, so a typo fails
-before any work with a message that names the key (and the file, when there is one).
+before any work with a message that names the key (and the file, when there is one). The reading and
+checking machinery (types, bounds, YAML, overrides) is tformer.config_checks; its public names are importable
+from here too. DecodeConfig's fields describe themselves (config_checks.option: help, bounds, per_call), so
+what a request may set and the HTTP schema (tformer.serve) are read from one declaration.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
+from tformer.config_checks import (INFERENCE_KEYS, Bounds, build, check_bounds, check_inference_overrides,  # noqa: F401
+                                   merge_overrides, option, parse_override, read_yaml, request_fields, save_config,
+                                   to_dict, updated)
+from tformer.config_checks import check as _check
 from tformer.errors import ConfigError
-
-
-_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key '{key}': {message}")
 
 
 @dataclass(frozen=True)
@@ -345,56 +340,55 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    strategy: Literal["greedy", "beam", "sample"] = "greedy"  # the search (beam=N in a call: beam with N)
-    max_len_a: float = 1.2  # output length limit: a * source_length + b
-    max_len_b: int = 10  # ... the b of that limit
-    batch_size: int = 250  # sentences per decoding batch
-    batch_tokens: int = 0  # > 0: batches of at most this many padded source tokens (sentences x longest) instead
-    beam_finish: Literal["top_k", "all"] = "top_k"  # beam: which endings are kept. top_k: </s> among a step's top
-    # K of 2K candidates (fairseq, CTranslate2, Marian); all: every finished candidate that could still win, with
-    # an exact stop (t5x): outputs the model scores higher, but on Multi30k shorter and up to 12 BLEU lower
-    quantize: Literal["none", "int8"] = "none"  # int8: dynamic int8 linear layers (CPU; PyTorch quantization)
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # the weights' format when loaded (tformer.precision):
-    # bf16/fp16 need native units (CPU: avx512_bf16 or amx_bf16; GPU: compute capability 8.0+ for bf16);
-    # log-probabilities and scores stay fp32; not with quantize=int8
-    beam_size: int = 5  # K: hypotheses kept per sentence (strategy beam)
-    len_penalty: float = 0.6  # alpha of the length normalisation (beam); 0 = rank by the plain sum
-    len_penalty_rule: Literal["gnmt", "power"] = "gnmt"  # gnmt: logprob / ((5 + length) / 6) ** alpha; power:
-    # logprob / length ** alpha (Hugging Face, Marian, CTranslate2, fairseq); length counts the </s>
-    min_len: int = 0  # </s> is forbidden before this many tokens
-    nbest: int = 1  # hypotheses returned per sentence (beam: <= beam_size; sample: independent draws)
-    no_repeat_ngram: int = 0  # forbid repeating any n-gram of this size (0 = off)
-    repetition_penalty: float = 1.0  # the logits of tokens already output are divided by this where positive and
-    # multiplied where negative (CTranslate2's and Hugging Face's rule; > 1 discourages loops; 1 = off)
-    temperature: float = 1.0  # sampling only
-    top_k: int = 0  # sampling only: keep the k most probable tokens (0 = all)
-    top_p: float = 1.0  # sampling only: keep the smallest set with this much probability
-    seed: int = 0  # sampling only
-    shortlist: str = ""  # a lexical shortlist file (tformer shortlist; tformer.shortlist): each sentence may output
-    # only its list's target tokens, and the output projection is computed for the batch's lists only; "" = off
+    """How to decode. Each field's metadata (config_checks.option) holds its help, its bounds (checked here) and
+    whether one call may set it (per_call: a `translate` keyword, a /v1/translate field; request_fields())."""
+
+    strategy: Literal["greedy", "beam", "sample"] = option("greedy", "the search (beam=N in a call: beam with N)",
+                                                           per_call=True)
+    max_len_a: float = option(1.2, "output length limit: a * source_length + b", low=0, per_call=True)
+    max_len_b: int = option(10, "the b of the output length limit a * source_length + b", low=0, per_call=True)
+    batch_size: int = option(250, "sentences per decoding batch", low=1)
+    batch_tokens: int = option(0, "> 0: batches of at most this many padded source tokens (sentences x longest) "
+                               "instead; 0: count sentences", low=0)
+    beam_finish: Literal["top_k", "all"] = option("top_k", "beam: which endings are kept", per_call=True)  # top_k:
+    # </s> among a step's top K of 2K candidates (fairseq, CTranslate2, Marian); all: every finished candidate that
+    # could still win, with an exact stop (t5x): outputs the model scores higher, but on Multi30k shorter and up to
+    # 12 BLEU lower
+    quantize: Literal["none", "int8"] = option("none", "int8: dynamic int8 linear layers (CPU; PyTorch quantization)")
+    precision: Literal["fp32", "bf16", "fp16"] = option(
+        "fp32", "the weights' format when loaded (tformer.precision)")  # bf16/fp16 need native units (CPU:
+    # avx512_bf16 or amx_bf16; GPU: compute capability 8.0+ for bf16); log-probabilities and scores stay fp32; not
+    # with quantize=int8
+    beam_size: int = option(5, "K: hypotheses kept per sentence (strategy beam)", low=1, per_call=True)
+    len_penalty: float = option(0.6, "alpha of the length normalisation (beam); 0 = rank by the plain sum", low=0,
+                                per_call=True)
+    len_penalty_rule: Literal["gnmt", "power"] = option("gnmt", "gnmt: logprob / ((5 + length) / 6) ** alpha; power: "
+                                                        "logprob / length ** alpha", per_call=True)  # power:
+    # Hugging Face's, Marian's, CTranslate2's and fairseq's; length counts the </s>
+    min_len: int = option(0, "</s> is forbidden before this many tokens", low=0, per_call=True)
+    nbest: int = option(1, "hypotheses returned per sentence (beam: <= beam_size; sample: independent draws)", low=1,
+                        per_call=True)
+    no_repeat_ngram: int = option(0, "forbid repeating any n-gram of this size (0 = off)", low=0, per_call=True)
+    repetition_penalty: float = option(1.0, "the logits of tokens already output are divided by this where positive "
+                                       "and multiplied where negative (> 1 discourages loops; 1 = off)", low=1e-3,
+                                       high=1e3, per_call=True)  # CTranslate2's and Hugging Face's rule; beyond
+    # these bounds the logits overflow
+    temperature: float = option(1.0, "sampling only: logits / temperature", low=0, open_low=True, per_call=True)
+    top_k: int = option(0, "sampling only: keep the k most probable tokens (0 = all)", low=0, per_call=True)
+    top_p: float = option(1.0, "sampling only: keep the smallest set with this much probability", low=0,
+                          open_low=True, high=1, per_call=True)
+    seed: int = option(0, "sampling only: seeds each sentence's generator", low=0, high=2**32 - 1, per_call=True)
+    shortlist: str = option("", "a lexical shortlist file (tformer shortlist; tformer.shortlist); \"\" = off")  # each
+    # sentence may output only its list's target tokens, and the output projection is computed for its lists only
 
     def __post_init__(self) -> None:
-        _check(self.max_len_a >= 0, "decode.max_len_a", f"must be >= 0, got {self.max_len_a}")
-        _check(self.max_len_b >= 0, "decode.max_len_b", f"must be >= 0, got {self.max_len_b}")
+        check_bounds(self, "decode")
         _check(self.max_len_a > 0 or self.max_len_b > 0, "decode.max_len_b",
                "max_len_a and max_len_b are both 0: nothing could be generated")
-        _check(self.batch_size >= 1, "decode.batch_size", f"must be >= 1, got {self.batch_size}")
-        _check(self.batch_tokens >= 0, "decode.batch_tokens", f"must be >= 0 (0: count sentences), got "
-               f"{self.batch_tokens}")
-        for name in ("beam_size", "nbest"):
-            _check(getattr(self, name) >= 1, f"decode.{name}", f"must be >= 1, got {getattr(self, name)}")
-        for name in ("min_len", "no_repeat_ngram", "top_k"):
-            _check(getattr(self, name) >= 0, f"decode.{name}", f"must be >= 0, got {getattr(self, name)}")
         _check(self.strategy != "beam" or self.nbest <= self.beam_size, "decode.nbest",
                f"{self.nbest} hypotheses cannot come from a beam of {self.beam_size}; raise decode.beam_size")
         _check(self.strategy != "greedy" or self.nbest == 1, "decode.nbest",
                "greedy search has one hypothesis; use decode.strategy=beam or sample for n-best lists")
-        _check(self.len_penalty >= 0, "decode.len_penalty", f"must be >= 0, got {self.len_penalty}")
-        _check(self.temperature > 0, "decode.temperature", f"must be > 0, got {self.temperature}")
-        _check(1e-3 <= self.repetition_penalty <= 1e3, "decode.repetition_penalty",
-               f"must be > 0, from 0.001 to 1000 (1 = off, > 1 discourages repeats; beyond, logits overflow), got "
-               f"{self.repetition_penalty}")
-        _check(0 < self.top_p <= 1, "decode.top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.precision == "fp32" or self.quantize == "none", "decode.precision",
                f"{self.precision} with decode.quantize={self.quantize}: int8 layers take fp32 inputs, so the two do "
                f"not combine; choose one (decode.precision=fp32 with int8, or decode.quantize=none)")
@@ -460,133 +454,12 @@ def same_architecture(a: ModelConfig, b: ModelConfig) -> bool:
     """Equal but for the FINE_TUNABLE keys: the weights of one fit, and mean the same in, the other."""
     return dataclasses.replace(a, **{k: getattr(b, k) for k in FINE_TUNABLE}) == b
 
-# Settings that may change after training: `translate` and `evaluate` accept overrides for these alone. Where
-# the corpus lives may change too (a moved folder), and which list is the test split (a speech corpus's noisy
-# copy, another test set); a prepared corpus is checked against the checkpoint's tokenizer.
-INFERENCE_KEYS = ("decode.", "model.attention", "data.dir", "data.prepared", "data.test_prefix")
 
-
-# --------------------------------------------------------------------------- loading and checking
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`; return it converted (int -> float, list -> tuple)."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        _check(value in choices, key, f"must be one of {', '.join(map(repr, choices))}; got {value!r}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        return _coerce(value, next(a for a in args if a is not type(None)), key)
-    if origin is tuple:
-        args = typing.get_args(tp)
-        _check(isinstance(value, (list, tuple)) and len(value) == len(args), key,
-               f"must be a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if tp is bool:
-        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
-            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; it is meant as a number
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key,
-               f"must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported annotation {tp!r} for {key}")  # an invariant of this module
-
-
-def _unknown_key(prefix: str, key: Any, names: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(str(key), names, n=1)
-    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
-    return ConfigError(f"config key '{prefix}{key}' is unknown{hint}")
-
-
-def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"config key '{prefix.rstrip('.') or '<top>'}': must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            raise _unknown_key(prefix, key, names)
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, f"{prefix}{key}.")
-        else:
-            kwargs[key] = _coerce(value, tp, f"{prefix}{key}")
-    return cls(**kwargs)
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """A plain nested dict (tuples become lists) that YAML writes and `from_dict` reads back."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-
-    return plain(dataclasses.asdict(cfg))
+# --------------------------------------------------------------------------- loading (tformer.config_checks)
 
 
 def from_dict(data: Mapping[str, Any] | None) -> Config:
-    return _build(Config, data or {}, "")
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`model.d_model=512` -> (['model', 'd_model'], 512); the value is read as YAML."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' is not of the form section.key=value (e.g. model.d_model=512)")
-    key, raw = text.split("=", 1)
-    path = key.strip().split(".")
-    if len(path) < 2 or not all(path):
-        raise ConfigError(f"override '{text}': the key must be section.key, e.g. train.lr=2.0")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override '{text}': the value is not valid YAML ({e})") from None
-    return path, value
-
-
-def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in (data or {}).items()}
-    for text in overrides:
-        path, value = parse_override(text)
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override '{text}': '{part}' is not a section")
-        node[path[-1]] = value
-    return out
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
-    return data or {}
+    return build(Config, data or {}, "")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
@@ -601,35 +474,3 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             if str(file_error) == str(e):
                 raise ConfigError(f"{e} (in {path})") from None
         raise ConfigError(f"{e} (from the command-line overrides)" if overrides else str(e)) from None
-
-
-def check_inference_overrides(overrides: list[str]) -> None:
-    """Only decoding and kernel settings may change on a trained model."""
-    for text in overrides:
-        key = ".".join(parse_override(text)[0])
-        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in INFERENCE_KEYS):
-            raise ConfigError(
-                f"config key '{key}' cannot change after training; only decode.*, model.attention, data.dir, "
-                "data.prepared and data.test_prefix can"
-            )
-
-
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Write `cfg` as YAML under a temporary name, then rename it into place (never half a file)."""
-    from tformer.files import replace_atomically
-
-    with replace_atomically(path) as f:
-        f.write(cfg.to_yaml())
-
-
-def updated(section: Any, prefix: str, values: Mapping[str, Any]) -> Any:
-    """The frozen config `section` with `values` in place of its fields, each key and type checked as a YAML
-    file's would be and the section validated again; errors name `prefix.key` (e.g. 'decode.beam_size')."""
-    names = [f.name for f in dataclasses.fields(section)]
-    hints = typing.get_type_hints(type(section))
-    changes = {}
-    for key, value in values.items():
-        if key not in names:
-            raise _unknown_key(f"{prefix}.", key, names)
-        changes[key] = _coerce(value, hints[key], f"{prefix}.{key}")
-    return dataclasses.replace(section, **changes)

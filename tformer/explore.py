@@ -10,10 +10,13 @@ otherwise), which adds these routes beside its own (errors are {"error": message
 404, 413, 415, 503, 504 or 500):
 
     GET  /                 the page (tformer/web/explorer.html: one file, no network resources)
-    GET  /api/info         model shape (kinds, layers, heads), decoding defaults, input limits, examples
+    GET  /api/info         model shape (kinds, layers, heads), decoding defaults (the checkpoint's decode section:
+                           its beam size if it says beam, else greedy: beam 1) and where they come from, input
+                           limits, examples
     POST /api/translate    {"text": str, "beam": int, "nbest": int, "target": str (optional: force a translation)}
                            -> {"source": {...}, "hypotheses": [{"text", "score", "pieces", "labels",
-                               "attention": {kind: [layer][head][query][key]}, "steps"}], "seconds": ...}
+                               "attention": {kind: [layer][head][query][key]}, "steps"}],
+                               "decode": {"beam", "nbest", "forced", "strategy", "from"}, "seconds": ...}
 
 Each translation runs alone on the server's one model thread (attention maps make it much heavier than a
 plain translation); at most `Limits.max_queue` sentences wait for the model (more get 503 with
@@ -33,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from tformer.api import Translator, load
-from tformer.errors import ConfigError
+from tformer.errors import ConfigError, TformerError
 from tformer.inspection import KINDS
+from tformer.plan import Plan
 from tformer.serve.requests import RequestError, Settings
 
 log = logging.getLogger("tformer")
@@ -74,6 +78,8 @@ class Query:
     nbest: int
     target: str | None  # a translation to force (score), or None: the model's n-best list
     pieces: list[str]  # the source pieces
+    chosen: str = "request"  # where beam and nbest come from: 'request' or 'defaults' (the checkpoint's)
+    plan: Plan | None = None  # the sentence made ready to translate (None: a forced target, scored)
 
 
 class Explorer:
@@ -90,9 +96,8 @@ class Explorer:
         self.limits = limits
         self.name = str(translator.path)
         self.examples = self._examples()
-        d = translator.config.decode
-        self.defaults = {"beam": min(d.beam_size, limits.max_beam),
-                         "nbest": min(max(d.nbest, 3), d.beam_size, limits.max_nbest)}
+        overridden = any(o.startswith("decode.") for o in overrides)
+        self.defaults, self.decoding = defaults(translator.config.decode, limits, overridden)
 
     def _examples(self) -> list[str]:
         """A few validation sources to try (when the data is at hand), else none."""
@@ -113,7 +118,7 @@ class Explorer:
                 "model": {"kind": m.kind, "layers": layers, "heads": m.n_heads, "d_model": m.d_model,
                           "layer_name": "step" if universal else "layer", "attention": m.attention,
                           "positions": m.positions, "norm": m.norm},
-                "defaults": self.defaults,
+                "defaults": self.defaults, "decoding": self.decoding,
                 "limits": dataclasses.asdict(self.limits), "examples": self.examples}
 
     def _parse(self, request: Any) -> tuple[str, int, int, str | None]:
@@ -133,6 +138,7 @@ class Explorer:
         if not text:
             raise RequestError("'text' is blank: type a sentence to translate")
         beam, nbest = request.get("beam", self.defaults["beam"]), request.get("nbest", self.defaults["nbest"])
+        chosen = "request" if "beam" in request or "nbest" in request else "defaults"
         for name, value, top in (("beam", beam, self.limits.max_beam), ("nbest", nbest, self.limits.max_nbest)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise RequestError(f"'{name}' must be a whole number from 1 to {top}, got {value!r}")
@@ -145,15 +151,15 @@ class Explorer:
         if target is not None and len(target) > self.limits.max_chars:
             raise RequestError(f"'target' (the forced translation) has {len(target)} characters; the limit is "
                                f"{self.limits.max_chars}")
-        return text, beam, nbest, target
+        return text, beam, nbest, target, chosen
 
-    def _run(self, text: str, beam: int, nbest: int, target: str | None) -> list[dict[str, Any]]:
+    def _run(self, query: Query) -> list[dict[str, Any]]:
         """The hypotheses with their attention: the model's n-best list, or the forced target scored."""
-        if target is not None:
-            forced = self.translator.score([text], [target], return_attention=True)[0]
-            hyps = [(target, forced.log_prob, forced.tokens[:-1], forced.attention)]
+        if query.plan is None:
+            forced = self.translator.score([query.text], [query.target], return_attention=True)[0]
+            hyps = [(query.target, forced.log_prob, forced.tokens[:-1], forced.attention)]
         else:
-            out = self.translator.translate([text], beam=beam, nbest=nbest, return_attention=True)[0]
+            out = self.translator.run([query.plan])[0][0]
             hyps = [(h.text, h.score, h.tokens, h.attention) for h in out.hypotheses]
         return [{"text": hyp_text, "score": round(score, 4), "pieces": pieces,
                  "labels": {k: dict(zip(("queries", "keys"), maps.labels(k))) for k in KINDS},
@@ -163,27 +169,53 @@ class Explorer:
 
     def check(self, request: Any) -> Query:
         """An /api/translate request's fields and the source's length, checked (no model work)."""
-        text, beam, nbest, target = self._parse(request)
-        pieces = self.translator.pieces(self.translator.encode(text), "source")
+        text, beam, nbest, target, chosen = self._parse(request)
+        plan = None
+        if target is None:  # checked and tokenised once, here; the model thread only decodes it
+            try:
+                plan = self.translator.prepare([text], beam=beam, nbest=nbest, return_attention=True)
+            except TformerError as e:
+                raise RequestError(f"'text': {e}") from None
+            ids = plan.sources[0] or ()
+        else:
+            ids = self.translator.encode(text)
+        pieces = self.translator.pieces(ids, "source")
         if not pieces:
             raise RequestError(f"'text' is {text!r}: nothing the model reads (control characters or spaces); type a "
                                "sentence to translate")
         if len(pieces) > self.limits.max_tokens:
             raise RequestError(f"'text' is {len(pieces)} pieces long; the limit is {self.limits.max_tokens} "
                                "(--max-tokens)")
-        return Query(text, beam, nbest, target, pieces)
+        return Query(text, beam, nbest, target, pieces, chosen, plan)
 
     def answer(self, query: Query, queued_seconds: float = 0.0) -> dict[str, Any]:
         """The answer to a checked request (runs the model in this thread)."""
         tic = time.perf_counter()
-        hypotheses = self._run(query.text, query.beam, query.nbest, query.target)
+        hypotheses = self._run(query)
         return {"source": {"text": query.text, "pieces": query.pieces}, "hypotheses": hypotheses,
-                "decode": {"beam": query.beam, "nbest": query.nbest, "forced": query.target is not None},
+                "decode": {"beam": query.beam, "nbest": query.nbest, "forced": query.target is not None,
+                           "strategy": "beam" if query.beam > 1 else "greedy",
+                           "from": self.decoding if query.chosen == "defaults" else "the request"},
                 "seconds": round(time.perf_counter() - tic, 4), "queued_seconds": round(queued_seconds, 4)}
 
     def translate(self, request: Any) -> dict[str, Any]:
         """Answer one /api/translate request (see the module docstring) in this thread."""
         return self.answer(self.check(request))
+
+
+def defaults(decode, limits: Limits, overridden: bool = False) -> tuple[dict[str, int], str]:
+    """The page's beam and nbest when a request gives none: what the checkpoint's decode section says (its
+    beam_size if its strategy is beam, else greedy: beam 1), within the limits; and where they come from
+    (`overridden`: decode.* overrides were given when loading)."""
+    if decode.strategy == "beam":
+        beam = min(decode.beam_size, limits.max_beam)
+        nbest = min(max(decode.nbest, 3), beam, limits.max_nbest)
+        said = f"beam {decode.beam_size}" + (f" (at most {beam} here: --max-beam)" if beam < decode.beam_size else "")
+    else:
+        beam = nbest = 1
+        said = "greedy" if decode.strategy == "greedy" else f"{decode.strategy} (the explorer decodes greedily)"
+    where = "the checkpoint's decode section" + (" with the overrides given" if overridden else "")
+    return {"beam": beam, "nbest": nbest}, f"{where}: {said}"
 
 
 def _rounded(w: np.ndarray) -> list:

@@ -34,7 +34,7 @@ from tformer.decode.phrases import Phrases, phrase_input
 from tformer.model import Transformer, build_model
 from tformer.shortlist import Shortlist, restrict
 from tformer.convert import open_checkpoint
-from tformer.training.checkpoint import Checkpoint
+from tformer.checkpoint import Checkpoint
 
 Source = list[int] | Tensor  # ids without specials, or frames (S, F)
 BatchType = Literal["examples", "tokens"]

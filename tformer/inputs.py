@@ -1,13 +1,13 @@
 """Checking what callers hand the Translator, before anything is decoded: lists of sentences, chunk sizes,
-batch types, the decoding flags `beam`/`nbest`/`batch_size` stand for, and lexical constraints. Each refusal is
-a DataError or ConfigError naming the argument (and the list entry)."""
+batch types, the decoding flags `beam`/`nbest`/`batch_size` stand for, and phrase inputs (decode.PHRASE_INPUTS:
+constraints, ...). Each refusal is a DataError or ConfigError naming the argument (and the list entry)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
 from tformer.data.vocab import Vocab
-from tformer.decode.constraints import MAX_PHRASES
+from tformer.decode.phrases import PhraseInput
 from tformer.errors import ConfigError, DataError
 
 
@@ -46,40 +46,42 @@ def check_batch_type(batch_type: Any) -> None:
                           f"per batch), got {batch_type!r}")
 
 
-def phrase_ids(constraints: Sequence[Sequence[str] | None] | None, n: int, strategy: str,
-               spell: Callable[[str, str], list[int]]) -> list[list[list[int]]] | None:
-    """Constraints for `n` sources (one list of target phrases, or None, per source) as ids, by `spell(text,
-    where)` (the target tokenizer, with its length check); refused, naming the entry, where a phrase is empty,
-    holds a piece the vocabulary lacks (<unk>), a source has more than MAX_PHRASES, or `strategy` is not beam."""
-    if constraints is None:
+def check_per_source(value: Any, name: str, n: int, entry: str) -> None:
+    """A list beside `n` sources, one `entry` per source (None for none)."""
+    check_list(value, name)
+    if len(value) != n:
+        raise DataError(f"{name} has {len(value)} entries for {n} sources; give {entry} per source (None for none)")
+
+
+def sentence_phrases(phrase: PhraseInput, value: Sequence[str] | None, where: str,
+                     spell: Callable[[str, str], list[int]]) -> tuple[tuple[int, ...], ...] | None:
+    """One sentence's phrases (a list of target strings, or None: none) as ids, by `spell(text, where)` (the
+    target tokenizer, with its length check); refused, naming `where`, where a phrase is empty, holds a piece
+    the vocabulary lacks (<unk>), or there are more than `phrase.max_phrases`."""
+    if value is None:
         return None
-    check_list(constraints, "constraints")
-    if len(constraints) != n:
-        raise DataError(f"constraints has {len(constraints)} entries for {n} sources; give one list of phrases per "
-                        "source (None for none)")
-    out = []
-    for i, phrases in enumerate(constraints):
-        if phrases is None:
-            out.append([])
-            continue
-        if isinstance(phrases, str) or not isinstance(phrases, Sequence):
-            hint = f": wrap it, [{phrases!r}]" if isinstance(phrases, str) else ""
-            raise DataError(f"constraints[{i}] must be a list of target phrases (or None), got "
-                            f"{type(phrases).__name__}{hint}")
-        if len(phrases) > MAX_PHRASES:
-            raise DataError(f"constraints[{i}] has {len(phrases)} phrases; at most {MAX_PHRASES} per sentence")
-        ids = []
-        for j, phrase in enumerate(phrases):
-            where = f"constraints[{i}][{j}]"
-            if not isinstance(phrase, str) or not phrase.strip():
-                raise DataError(f"{where} must be a non-empty string, got {phrase!r}")
-            spelt = spell(phrase, where)
-            if Vocab.unk in spelt:
-                raise DataError(f"{where} ({phrase!r}) holds {spelt.count(Vocab.unk)} piece(s) the target vocabulary "
-                                "does not have (<unk>): the model cannot write it; spell it with known words or drop it")
-            ids.append(spelt)
-        out.append(ids)
-    if any(out) and strategy != "beam":
-        raise ConfigError(f"constraints are enforced by beam search; decoding is set to {strategy!r}: give beam=N "
-                          "(N >= 2), or decode.strategy=beam")
-    return out
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        hint = f": wrap it, [{value!r}]" if isinstance(value, str) else ""
+        raise DataError(f"{where} must be a list of target phrases (or None), got {type(value).__name__}{hint}")
+    if len(value) > phrase.max_phrases:
+        raise DataError(f"{where} has {len(value)} phrases; at most {phrase.max_phrases} per sentence")
+    ids = []
+    for j, text in enumerate(value):
+        at = f"{where}[{j}]"
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{at} must be a non-empty string, got {text!r}")
+        spelt = spell(text, at)
+        if Vocab.unk in spelt:
+            raise DataError(f"{at} ({text!r}) holds {spelt.count(Vocab.unk)} piece(s) the target vocabulary "
+                            "does not have (<unk>): the model cannot write it; spell it with known words or drop it")
+        ids.append(tuple(spelt))
+    return tuple(ids) or None
+
+
+def check_strategy(phrase: PhraseInput, strategy: str, used: bool) -> None:
+    """Refuse a phrase input some sentence `used` under a search that does not enforce it."""
+    if used and strategy not in phrase.strategies:
+        hint = "give beam=N (N >= 2), or " if "beam" in phrase.strategies else "set "
+        searches = " or ".join(phrase.strategies)
+        raise ConfigError(f"{phrase.name} are enforced by {searches} search; decoding is set to {strategy!r}: "
+                          f"{hint}decode.strategy={phrase.strategies[0]}")

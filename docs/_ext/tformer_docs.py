@@ -127,6 +127,7 @@ class ConfigTable(Directive):
                 default = f"{type(f.default_factory()).__name__}()"
             else:
                 default = "(required)"
+            text = " ".join(filter(None, (f.metadata.get("help"), text)))  # config_checks.option's help first
             rows.append((f"{prefix}{name}", type_name(hints[name]), default, text))
         if fields:
             raise ExtensionError(f"{cls.__name__}: fields the source reader missed: {sorted(fields)}")

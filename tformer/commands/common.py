@@ -121,17 +121,30 @@ def output(path: str | None):
     return writing(path or sys.stdout, "--output")
 
 
-def describe_decode(cfg) -> str:
+def describe_decode(cfg, overrides: list[str] | None = None) -> str:
+    """The decoding `cfg` runs, in words, and where its search comes from: the checkpoint's decode section (what
+    its recipe named), or `overrides` (the command line's decode.* settings, `decode_overrides`; None: not said)."""
     d = cfg.decode
     how = {"greedy": "greedy", "beam": f"beam {d.beam_size}, length penalty alpha {d.len_penalty}",
            "sample": f"sampling (temperature {d.temperature}, top-k {d.top_k}, top-p {d.top_p}, seed {d.seed})"}
+    relevant = {"greedy": ("strategy",), "beam": ("strategy", "beam_size", "len_penalty"),
+                "sample": ("strategy", "temperature", "top_k", "top_p", "seed")}[d.strategy]
+    given = {o.split("=", 1)[0].removeprefix("decode.") for o in overrides or () if o.startswith("decode.")}
+    chosen = [k for k in relevant if k in given]
+    origin = (f" (from the command line: {', '.join(chosen)}" + ("; the rest from the checkpoint's decode section)"
+                                                                  if len(chosen) < len(relevant) else ")")
+              if chosen else " (from the checkpoint's decode section)")
+    if d.strategy == "greedy" and not chosen:
+        origin = " (from the checkpoint's decode section; --beam N for beam search)"
+    if overrides is None:  # where it comes from is not known here
+        origin = ""
     extra = (f", min length {d.min_len}" if d.min_len else "") + \
         (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "") + \
         (f", repetition penalty {d.repetition_penalty}" if d.repetition_penalty != 1.0 else "")
     batch = f"{d.batch_tokens} tokens" if d.batch_tokens else f"{d.batch_size} sentences"
     int8 = ", int8" if d.quantize == "int8" else f", {d.precision}" if d.precision != "fp32" else ""
     int8 += f", shortlist {d.shortlist}" if d.shortlist else ""
-    return (f"{how[d.strategy]}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "
+    return (f"{how[d.strategy]}{origin}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "
             f"kernel {cfg.model.attention}{int8}")
 
 

@@ -12,6 +12,8 @@ from tformer.commands import common
 
 
 def add_parser(sub) -> None:
+    from tformer.decode.phrases import PHRASE_INPUTS
+
     sp = sub.add_parser("translate", help="decode lines from stdin or a file",
                         description="Read one raw sentence per line; write one detokenised translation per "
                         "line (same line count; an empty line gives an empty line). With --nbest N > 1, write "
@@ -29,6 +31,11 @@ def add_parser(sub) -> None:
     sp.add_argument("--prefix-file", metavar="FILE", help="one target prefix per input line (plain or gzip; an "
                     "empty line: none): each translation begins with its prefix and the model goes on from there; "
                     "the file must have as many lines as the input")
+    for phrase in PHRASE_INPUTS:  # per-sentence phrase inputs, as decode.PHRASE_INPUTS declares them
+        sp.add_argument(f"--{phrase.name.replace('_', '-')}", dest=phrase.name, metavar="FILE",
+                        help=f"one line per input line (plain or gzip), its {phrase.help}, separated by a tab (an "
+                        f"empty line: none); at most {phrase.max_phrases} a line; decoding: "
+                        f"{' or '.join(phrase.strategies)}")
     common.alignment(sp, "append each translation's hard alignment: for every target piece, the source piece "
                      "its cross-attention weighs most (heads averaged; fairseq's --print-alignment); 0-based "
                      "indices of the pieces, </s> left out")
@@ -53,6 +60,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tformer.api import format_translation
+    from tformer.decode.phrases import PHRASE_INPUTS
     from tformer.errors import DataError
 
     translator = common.load_translator(args, max_source_tokens=args.max_source_tokens)
@@ -64,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     nbest = translator.config.decode.nbest > 1
     options = common.alignment_options(args)
     translator.translate_iterable([], **options)  # the options checked before any line is read
-    if not args.input and not args.prefix_file and sys.stdin.isatty():  # interactive: answer each line as it comes
-        print(f"tformer: translating with {common.describe_decode(translator.config)}; one sentence per line, "
-              "Ctrl-D ends", file=sys.stderr)
+    phrase_files = {p.name: getattr(args, p.name) for p in PHRASE_INPUTS if getattr(args, p.name)}
+    print(f"tformer: translating with {common.describe_decode(translator.config, common.decode_overrides(args))}",
+          file=sys.stderr)
+    if not args.input and not args.prefix_file and not phrase_files and sys.stdin.isatty():  # answer each line
+        print("tformer: one sentence per line, Ctrl-D ends", file=sys.stderr)
         for n, line in enumerate(sys.stdin, 1):
             try:
                 translation = next(translator.translate_iterable([line], name="standard input", first_line=n,
@@ -77,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(format_translation(translation, n - 1, nbest, args.alignment))
             sys.stdout.flush()
         return 0
-    options.update(prefix_file=args.prefix_file)
+    options.update(prefix_file=args.prefix_file, phrase_files=phrase_files)
     if args.input:
         translator.translate_file(args.input, args.output or sys.stdout, **options)
         return 0
@@ -89,12 +99,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _documents(args: argparse.Namespace, translator) -> int:
     """--split, --format html, --glossary: the whole input read, translated by tformer.documents, written."""
+    from tformer.decode.phrases import PHRASE_INPUTS
     from tformer.documents import Glossary, translate_documents
     from tformer.errors import ConfigError
     from tformer.files import writing
 
+    phrase_flags = tuple((f"--{p.name.replace('_', '-')}", getattr(args, p.name)) for p in PHRASE_INPUTS)
     for flag, given in (("--prefix-file", args.prefix_file), ("--alignment", args.alignment),
-                        ("--nbest", translator.config.decode.nbest > 1)):
+                        ("--nbest", translator.config.decode.nbest > 1), *phrase_flags):
         if given:
             raise ConfigError(f"{flag} is for sentences one per line; --split, --format html and --glossary write "
                               "one translation per document")

@@ -257,6 +257,29 @@ def utterance_features(path: Path, feature_dim: int, max_frames: int = 0) -> np.
     return load_frames(path, feature_dim, max_frames).numpy()
 
 
+def source_frames(source: object, feature_dim: int, where: str) -> Tensor:
+    """A frame encoder's input as frames (S, F) float32, checked: an audio file (.wav, .flac, .ogg) or .npy
+    file, a 16 kHz waveform (samples,) (its filterbanks), or frames (S, feature_dim), as an array or a tensor.
+    A DataError names `where` (the list entry or file line)."""
+    from tformer.data.audio import check_waveform, fbank
+
+    if isinstance(source, (str, Path)) and Path(source).suffix.lower() in FEATURE_SUFFIXES:
+        return torch.from_numpy(utterance_features(Path(source), feature_dim))
+    if isinstance(source, str) or not hasattr(source, "shape"):
+        raise DataError(f"{where}: this model reads speech: an audio file (.wav, .flac, .ogg), a .npy file, a 16 kHz "
+                        f"waveform (samples,) or feature frames (frames, {feature_dim}); got {type(source).__name__}")
+    array = source.detach().cpu().numpy() if isinstance(source, Tensor) else np.asarray(source)
+    if array.ndim == 1:  # a waveform: its filterbanks
+        problem = check_waveform(array)
+        if problem:
+            raise DataError(f"{where}: the waveform {problem}")
+        return torch.from_numpy(fbank(array, FbankOptions(num_mel_bins=feature_dim)))
+    problem = check_frames(array, feature_dim)
+    if problem:
+        raise DataError(f"{where}: {problem}")
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
 def read_speech_split(cfg: DataConfig, split: str, feature_dim: int) -> Utterances:
     """The utterances of one split of a 'speech' corpus, all checked (see the module docstring), with their
     features computed now (prepared corpora store them: tformer.data.features)."""

@@ -1,5 +1,7 @@
 """Glossaries: a TSV file of (source term, target term) pairs. A term found in a source sentence makes its
-target term a constraint of that sentence (tformer.decode.constraints), so the output holds it.
+target term one of that sentence's phrases of the phrase input `Glossary.INPUT` ("constraints": tformer.decode.
+PHRASE_INPUTS, enforced by tformer.decode.constraints), so the output holds it. A glossary only finds the terms:
+they reach the search as any caller's constraints do (Translator.prepare), with no path of their own.
 
     # comment lines and blank lines are skipped
     source term<TAB>target term
@@ -13,14 +15,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from tformer.decode.constraints import MAX_PHRASES
+from tformer.decode.phrases import phrase_input
 from tformer.errors import DataError
 
 
 @dataclass(frozen=True)
 class Glossary:
     """Source term -> target term, matched on source sentences (`match`)."""
+
+    INPUT: ClassVar[str] = "constraints"  # the phrase input (decode.PHRASE_INPUTS) a glossary's terms feed
 
     entries: tuple[tuple[str, str], ...]
     _pattern: re.Pattern | None = field(default=None, init=False, repr=False, compare=False)
@@ -76,8 +81,8 @@ class Glossary:
         return len(self.entries)
 
     def match(self, sentence: str) -> list[str]:
-        """The target terms of the source terms in `sentence`, in the order they occur, each once; at most
-        MAX_PHRASES (the first ones) as a constrained search takes no more."""
+        """The target terms of the source terms in `sentence`, in the order they occur, each once; at most the
+        phrase input's max_phrases (the first ones), as the search takes no more."""
         if self._pattern is None:
             return []
         out: list[str] = []
@@ -85,4 +90,4 @@ class Glossary:
             target = self._targets[m.group(0).casefold()]
             if target not in out:
                 out.append(target)
-        return out[:MAX_PHRASES]
+        return out[:phrase_input(self.INPUT).max_phrases]

@@ -8,11 +8,13 @@ call, with LibreTranslate's API beside its own and the explorer page on the same
 Routes (JSON in, JSON out; errors are {"error": message} with a 4xx naming the field, 503 busy with
 Retry-After, 504 past the timeout):
 
-    POST /v1/translate  {"src": [str, ...], "beam": int, "nbest": int, "prefix": [str | null, ...],
-                         "alignment": bool}  (all but src optional: the checkpoint's decoding defaults)
+    POST /v1/translate  {"src": [str, ...], "prefix": [str | null, ...], "alignment": bool, "constraints":
+                         [[str, ...] | null, ...], "beam": int, "nbest": int, ...}  (all but src optional: the
+                         checkpoint's decode section decides). The decoding fields are DecodeConfig's per-call
+                         fields and the phrase fields decode.PHRASE_INPUTS (tformer.serve.plans)
                         -> {"translations": [{"text", "score", "hypotheses": [{"text", "score"}, ...] (nbest > 1),
                             "alignment": [[source piece, target piece], ...], "tokens", "source_tokens"
-                            (alignment)}, ...]}  one per src, in order
+                            (alignment)}, ...]  one per src, in order; "decoding": the per-call fields it used}
     POST /v1/score      {"src": [str, ...], "tgt": [str, ...]}
                         -> {"scores": [{"log_prob", "tokens" (target pieces, then </s>), "token_log_probs"}, ...]}
     GET  /v1/health     {"status": "ok", "pending_sentences", "uptime_seconds"}   (no API key needed)
@@ -22,9 +24,11 @@ Retry-After, 504 past the timeout):
     GET  /              the explorer page; GET /api/info and POST /api/translate as tformer.explore describes
     GET  /openapi.json  the OpenAPI 3.1 description of all of these, with this server's limits (no API key needed)
 
-Everything goes through Translator.translate and Translator.score, on one model thread (tformer.serve.
-batcher): requests with the same decoding settings that arrive within `max_wait_ms` of each other are
-decoded together, up to `batch_tokens` padded source tokens; an answer never depends on its company.
+Every translating route makes its request into a plan (Translator.prepare: checked and tokenised once;
+tformer.serve.plans), and the model thread (tformer.serve.batcher) runs plans with equal keys (plan.key: the
+whole decoding) that arrive within `max_wait_ms` of each other in one Translator.run call, up to
+`batch_tokens` padded source tokens (plan.widths); scoring goes through Translator.score. An answer never
+depends on its company.
 Limits (Settings): sentences per request, characters and pieces per sentence or prefix, beam and n-best,
 body bytes (413 before reading), queued sentences (503), seconds per request (504), open connections.
 A client that disconnects has its queued work dropped. SIGTERM or Ctrl-C stops accepting connections,

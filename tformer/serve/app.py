@@ -36,13 +36,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tformer.api import Translation, Translator
-from tformer.documents import HTML_OPTIONS
 from tformer.errors import ConfigError, TformerError
 from tformer.serve import libretranslate
 from tformer.serve.batcher import Batcher, Job
+from tformer.serve.plans import TranslateRequest, decoding_json, translate_request
 from tformer.serve.protocol import connection_class
-from tformer.serve.requests import (RequestError, ScoreRequest, Settings, TranslateRequest, media_type, parse_json,
-                                    read_body, score_request, translate_request)
+from tformer.serve.requests import (RequestError, ScoreRequest, Settings, media_type, parse_json, read_body,
+                                    score_request)
 
 if TYPE_CHECKING:
     from tformer.explore import Explorer
@@ -191,41 +191,26 @@ class Service:
                       "attention": m.attention, "positions": m.positions, "norm": m.norm,
                       "parameters": sum(p.numel() for p in t.model.parameters())},
             "vocab": {"source": len(t.source_tokenizer.vocab), "target": len(t.target_tokenizer.vocab)},
-            "decode": dataclasses.asdict(cfg.decode), "device": str(t.device),
+            "decode": dataclasses.asdict(cfg.decode), "decoding": decoding_json(cfg.decode), "device": str(t.device),
             "limits": self.settings.limits(), "api_key_required": self.settings.api_key is not None,
             "batching": {"max_wait_ms": self.settings.max_wait_ms, "batch_tokens": self.settings.batch_tokens,
                          "max_queue": self.settings.max_queue, **self.batcher.snapshot()},
         })
 
     def _translate_job(self, req: TranslateRequest) -> Job:
-        return Job(self._translate_group, req, req.key, len(req.sources), max(req.widths))
+        plan = req.plan
+        return Job(self._translate_group, plan, plan.key, len(plan), max(plan.widths))
 
     def _translate_group(self, jobs: list[Job]) -> list[list[Translation]]:
-        """One Translator.translate call for requests with the same settings (on the model thread); the
+        """The plans of jobs with one key, decoded in one Translator.run call (on the model thread); the
         sentences of a request given up on (Job.abandoned) leave it at the next step."""
-        reqs: list[TranslateRequest] = [j.payload for j in jobs]
-        first = reqs[0]
-        sources = [s for r in reqs for s in r.sources]
-        prefixes = None
-        if any(r.prefixes is not None for r in reqs):
-            prefixes = [p for r in reqs for p in (r.prefixes if r.prefixes is not None else [None] * len(r.sources))]
-        constraints = None
-        if any(r.constraints is not None for r in reqs):
-            constraints = [c for r in reqs for c in (r.constraints if r.constraints is not None else
-                                                     [None] * len(r.sources))]
-        options = {"alignment": True} if first.alignment else {}
-        if first.attention:
-            options.update(HTML_OPTIONS)
-        out = self.translator.translate(sources, beam=first.beam, nbest=first.nbest, prefix=prefixes,
-                                        batch_size=self.settings.batch_tokens, batch_type="tokens",
-                                        cancelled=abandoned(jobs), constraints=constraints,
-                                        repetition_penalty=first.decode.repetition_penalty, **options)
-        return split_back(out, [len(r.sources) for r in reqs])
+        return self.translator.run([j.payload for j in jobs], cancelled=abandoned(jobs))
 
     async def translate(self, request: Request) -> Response:
         req = translate_request(await self._json_body(request), self.translator, self.settings)
         out = await self._answer(request, self._translate_job(req), req.timeout)
-        return JSONResponse({"translations": [translation_json(t, req.decode.nbest > 1, req.alignment) for t in out]})
+        return JSONResponse({"translations": [translation_json(t, req.nbest, req.alignment) for t in out],
+                             "decoding": decoding_json(req.plan.decoding.cfg)})
 
     def _score_group(self, jobs: list[Job]) -> list[list]:
         reqs: list[ScoreRequest] = [j.payload for j in jobs]
@@ -280,7 +265,8 @@ class Service:
             job = jobs[0]
             return [self.explorer.answer(job.payload, job.started_at - job.queued_at)]
 
-        return JSONResponse(await self._answer(request, Job(run, query, None, 1, len(query.pieces) + 1)))
+        width = max(query.plan.widths) if query.plan is not None else len(query.pieces) + 1  # None: a forced target
+        return JSONResponse(await self._answer(request, Job(run, query, None, 1, width)))  # alone: attention maps
 
 
 def translation_json(t: Translation, nbest: bool, alignment: bool) -> dict[str, Any]:

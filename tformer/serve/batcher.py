@@ -2,12 +2,13 @@
 model call together.
 
     batcher = Batcher(max_wait=0.005, batch_tokens=4096, max_queue=512)
-    future = batcher.submit(Job(run_group, payload, key=settings, sentences=3, width=12))
+    future = batcher.submit(Job(run_group, plan, key=plan.key, sentences=len(plan), width=max(plan.widths)))
     batcher.cancel(job)        # a client gone or timed out: dropped if queued, abandoned if running
     batcher.close()            # finish every accepted job, then stop the thread
 
-A job is some sentences with a `key`: jobs with equal keys (the same decoding settings) can be decoded in one
-call, jobs with key None run alone. The worker takes the oldest job, waits until `max_wait` seconds after it
+A job is some sentences with a `key`: jobs with equal keys can be decoded in one call (tformer serve's key is
+the plan's, tformer.plan.Plan.key: the whole Decoding, one object compared whole), jobs with key None run
+alone. The worker takes the oldest job, waits until `max_wait` seconds after it
 arrived for more of its kind (unless the token budget is already full), then takes every queued job with
 the same key, oldest first, while the padded source tokens (sentences x widest) stay within `batch_tokens`.
 `run(group)` gets the jobs' payloads and returns one result per job; each result goes back through the
@@ -19,7 +20,7 @@ The queue is bounded by sentences: a job that would take more than `max_queue` w
 at once (RequestError 503; an empty queue always takes one). Waiting is the caller's business: it holds a
 concurrent.futures.Future and may give up on the job (`cancel`), which drops it if the worker has not started
 it, and otherwise marks it `abandoned`: a runner that reads that flag while it works (tformer serve's pass it
-to Translator.translate as `cancelled`) takes the job's sentences out of the model call at its next decoding
+to Translator.run as `cancelled`) takes the job's sentences out of the model call at its next decoding
 step, and the other jobs of the group go on as they would have.
 """
 

@@ -24,10 +24,10 @@ from typing import Any
 
 from tformer.api import Translation, Translator
 from tformer.config import Config
-from tformer.documents import FORMATS, Prepared, prepare
+from tformer.documents import FORMATS, HTML_OPTIONS, Prepared, prepare
 from tformer.errors import TformerError
-from tformer.serve.requests import (RequestError, Settings, TranslateRequest, check_text, constraints_field,
-                                    decode_settings, parse_form, parse_json, pieces)
+from tformer.serve.plans import TranslateRequest, make_plan, with_glossary
+from tformer.serve.requests import RequestError, Settings, check_text, parse_form, parse_json
 
 FIELDS = ("q", "source", "target", "format", "api_key", "alternatives")
 NAMES = {"ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
@@ -105,7 +105,7 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
     texts = q if as_list else [q]
     if not texts:
         raise RequestError("q: an empty list; give at least one text")
-    sources, prepared, widths = [], [], []
+    sources, prepared, wheres = [], [], []
     for i, text in enumerate(texts):
         where = f"q[{i}]" if as_list else "q"
         if not isinstance(text, str):
@@ -117,23 +117,26 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
         prepared.append(read)
         for j, sentence in enumerate(read.sentences):
             at = where if len(read.sentences) == 1 else f"{where}, sentence {j + 1}"
-            check_text(sentence, at, settings)
-            widths.append(pieces(translator, sentence, at, "source", settings) + 1)
-            sources.append(sentence)
+            sources.append(check_text(sentence, at, settings))
+            wheres.append(at)
         if len(sources) > settings.max_sentences:
             raise RequestError(f"q: more than {settings.max_sentences} sentences; a request may have at most "
                                f"{settings.max_sentences} (--max-sentences): split it into several requests")
-    beam = nbest = None
-    if alternatives:
-        nbest = alternatives + 1
-        beam = max(translator.config.decode.beam_size, nbest)
-    decode = decode_settings(translator, beam, nbest)
     if not sources:  # nothing but whitespace and markup: nothing for the model
-        sources, widths = [""], [1]
-    constraints = constraints_field(None, sources, translator, settings, decode, "q")
-    request = TranslateRequest(sources, None, beam, nbest, False, decode, widths, settings.timeout, constraints,
-                               attention=form == "html")
-    return Asked(request, prepared, as_list, alternatives)
+        sources, wheres = [""], ["q"]
+    options = dict(HTML_OPTIONS) if form == "html" else {}  # what markup needs: the words' attention
+    if alternatives:  # n-best lists from the checkpoint's search, or from a beam wide enough where it has none
+        nbest = alternatives + 1
+        d = translator.config.decode
+        beam = None if d.strategy == "sample" or (d.strategy == "beam" and d.beam_size >= nbest) else \
+            max(nbest, min(d.beam_size, settings.max_beam))
+        options.update(nbest=nbest, beam=beam)
+
+    def where_(what: str, i: int) -> str:
+        return wheres[i] if what == "sources" else f"{wheres[i]}: {what}"
+
+    plan = make_plan(translator, settings, sources, where_, **with_glossary({}, sources, settings), **options)
+    return Asked(TranslateRequest(plan, settings.timeout), prepared, as_list, alternatives)
 
 
 def _alternatives(value: Any, settings: Settings) -> int:

@@ -6,16 +6,22 @@ running server from it (schemathesis): no input gets a 500, every schema-invalid
     openapi(translator, settings, explorer_limits) -> dict
 
 What a schema cannot say is in the descriptions: a sentence's SentencePiece length (--max-tokens), one prefix
-or target per source, nbest <= beam, the model's language pair.
+or target per source, nbest <= beam, the model's language pair. /v1/translate's decoding and phrase fields are
+generated (tformer.serve.plans): DecodeConfig's per-call fields with their help and bounds, and one field per
+decode.PHRASE_INPUTS entry.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import typing
+from typing import Any, Literal
 
 from tformer.api import Translator
-from tformer.decode.constraints import MAX_PHRASES
-from tformer.serve.requests import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, Settings
+from tformer.config import DecodeConfig
+from tformer.decode.phrases import PHRASE_INPUTS
+from tformer.documents.glossary import Glossary
+from tformer.serve.plans import cap, decoding_fields, field_help
+from tformer.serve.requests import Settings
 
 VERSION = "1.0.0"
 
@@ -61,6 +67,36 @@ def _timeout(settings: Settings) -> dict[str, Any]:
                            f"{settings.timeout:g})"}
 
 
+def decoding_schemas(settings: Settings) -> dict[str, Any]:
+    """The decoding fields of /v1/translate (tformer.serve.plans.decoding_fields: DecodeConfig's per-call
+    fields), each with its type, its help and the config's bounds, capped by the server's limits."""
+    hints = typing.get_type_hints(DecodeConfig)
+    out = {}
+    for name, f in decoding_fields().items():
+        tp = hints[f.name]
+        if typing.get_origin(tp) is Literal:
+            schema: dict[str, Any] = {"type": ["string", "null"], "enum": [*typing.get_args(tp), None]}
+        else:
+            schema = {"type": ["integer" if tp is int else "number", "null"], **f.metadata["bounds"].schema()}
+            top = cap(name, settings)
+            if top is not None:
+                schema["maximum"] = min(schema.get("maximum", top), top)
+        out[name] = {**schema, "description": f"{field_help(name, f)} (null: the checkpoint's, /v1/info decoding)"}
+    return out
+
+
+def phrase_schemas(settings: Settings) -> dict[str, Any]:
+    """The per-sentence phrase fields of /v1/translate, one per decode.PHRASE_INPUTS entry."""
+    return {p.name: {"type": ["array", "null"], "items": {
+        "type": ["array", "null"], "maxItems": p.max_phrases,
+        "items": {"type": "string", "minLength": 1, "maxLength": settings.max_chars}},
+        "description": f"one list of target phrases (or null) per sentence of src: {p.help}; at most "
+                       f"{p.max_phrases} a sentence (decoding: {' or '.join(p.strategies)})"
+                       + ("; the server's --glossary adds its terms found in the sentence" if p.name ==
+                          Glossary.INPUT else "")}
+            for p in PHRASE_INPUTS}
+
+
 def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[str, Any]:
     score = {"type": ["number", "null"], "description": "a log-probability (null: impossible, -inf)"}
     hypothesis = {"type": "object", "required": ["text", "score"], "properties": {
@@ -73,31 +109,20 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
         "TranslateRequest": {
             "type": "object", "required": ["src"], "additionalProperties": False, "properties": {
                 "src": _sentences(settings, "the sentences to translate"),
-                "beam": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_beam,
-                         "description": "1: greedy search; more: beam search (default: the checkpoint's)"},
-                "nbest": {"type": ["integer", "null"], "minimum": 1, "maximum": settings.max_nbest,
-                          "description": "hypotheses per sentence; needs beam >= nbest"},
                 "prefix": {"type": ["array", "null"], "items": {"type": ["string", "null"],
                                                                 "maxLength": settings.max_chars},
                            "description": "one target prefix (or null) per sentence of src"},
                 "alignment": {"type": "boolean"},
-                "constraints": {"type": ["array", "null"], "items": {
-                    "type": ["array", "null"], "maxItems": MAX_PHRASES,
-                    "items": {"type": "string", "minLength": 1, "maxLength": settings.max_chars}},
-                    "description": "one list of target phrases (or null) per sentence of src: each output holds "
-                                   "every phrase (lexically constrained beam search: needs beam >= 2); the "
-                                   "server's --glossary adds its terms found in the sentence"},
-                "repetition_penalty": {"type": ["number", "null"], "minimum": MIN_REPETITION_PENALTY,
-                                       "maximum": MAX_REPETITION_PENALTY,
-                                       "description": "> 1 makes tokens already in the output less likely "
-                                                      "(CTranslate2's and Hugging Face's); 1: none"},
+                **phrase_schemas(settings), **decoding_schemas(settings),
                 "timeout": _timeout(settings)}},
         "Hypothesis": hypothesis,
         "TranslateAnswer": {"type": "object", "required": ["translations"], "properties": {
             "translations": {"type": "array", "items": {
                 "type": "object", "required": ["text", "score"], "properties": {
                     **hypothesis["properties"], "source_tokens": {"type": "array", "items": {"type": "string"}},
-                    "hypotheses": {"type": "array", "items": _ref("Hypothesis")}}}}}},
+                    "hypotheses": {"type": "array", "items": _ref("Hypothesis")}}}},
+            "decoding": {"type": "object", "description": "the decoding used: DecodeConfig's per-call fields "
+                                                          "(the checkpoint's where the request left them out)"}}},
         "ScoreRequest": {
             "type": "object", "required": ["src", "tgt"], "additionalProperties": False, "properties": {
                 "src": _sentences(settings, "the sources (not empty)"),
@@ -114,7 +139,7 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
                                      f"at most {settings.max_sentences} sentences in all"},
                 "source": {"type": "string", "enum": [data.src_lang, "auto"]},
                 "target": {"type": "string", "enum": [data.tgt_lang]},
-                "format": {"type": ["string", "null"], "enum": ["text", "html", None],
+                "format": {"type": ["string", "null"], "enum": ["text", "html", "", None],
                            "description": "html: the markup is kept, inline tags follow their words"},
                 "api_key": {"type": ["string", "null"]},
                 "alternatives": {"type": ["integer", "null"], "minimum": 0, "maximum": settings.max_nbest - 1}}},
@@ -124,7 +149,7 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
                       "description": "a text; repeated, a list of texts"},
                 "source": {"type": "string", "enum": [data.src_lang, "auto"]},
                 "target": {"type": "string", "enum": [data.tgt_lang]},
-                "format": {"type": "string", "enum": ["text", "html"]},
+                "format": {"type": "string", "enum": ["text", "html", ""]},
                 "api_key": {"type": "string"},
                 "alternatives": {"type": "string", "enum": [""] + [str(i) for i in range(settings.max_nbest)]}}},
         "LibreAnswer": {"type": "object", "required": ["translatedText"], "properties": {

@@ -1,10 +1,10 @@
 """What a request may ask of the server, and reading it: the limits (Settings), request bodies (JSON or a form)
-read within a byte limit, and the fields of /v1/translate and /v1/score checked one by one into small typed
-requests. Nothing here runs the model; every refusal is a RequestError naming the field and the limit.
+read within a byte limit, the common fields checked one by one, and /v1/score's request. Nothing here runs the
+model; every refusal is a RequestError naming the field and the limit. Translation requests become plans in
+tformer.serve.plans.
 
     read_body(request, settings)           -> bytes: 413 from the Content-Length alone, 408 past body_timeout
     parse_json(body) / parse_form(body)    -> the value, or 400 naming what is wrong
-    translate_request(body, translator, settings)  -> TranslateRequest (sources, prefixes, decoding settings)
     score_request(body, translator, settings)      -> ScoreRequest
 """
 
@@ -22,12 +22,9 @@ from typing import Any
 from starlette.requests import Request
 
 from tformer.api import Translator
-from tformer.config import DecodeConfig
 from tformer.documents.glossary import Glossary
 from tformer.errors import ConfigError, TformerError
 
-TRANSLATE_FIELDS = ("src", "beam", "nbest", "prefix", "alignment", "constraints", "repetition_penalty", "timeout")
-MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
 SCORE_FIELDS = ("src", "tgt", "timeout")
 
 
@@ -177,21 +174,11 @@ def parse_form(body: bytes) -> dict[str, str | list[str]]:
 def check_object(body: Any, fields: tuple[str, ...], example: str) -> dict[str, Any]:
     """`body` as a JSON object with only known fields."""
     if not isinstance(body, dict):
-        raise RequestError(f"the request must be a JSON object such as {example}, got {_kind(body)}")
+        raise RequestError(f"the request must be a JSON object such as {example}, got {json_kind(body)}")
     unknown = sorted(set(body) - set(fields))
     if unknown:
         raise RequestError(f"unknown field(s) {', '.join(unknown)}; the fields are {', '.join(fields)}")
     return body
-
-
-def whole(body: dict[str, Any], name: str, low: int, high: int, flag: str) -> int | None:
-    """An optional whole-number field within [low, high]."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise RequestError(f"{name}: must be a whole number from {low} to {high} ({flag}), got {value!r}")
-    return value
 
 
 def time_limit(body: dict[str, Any], settings: Settings) -> float:
@@ -218,7 +205,7 @@ def sentences(value: Any, name: str, settings: Settings) -> list[str]:
         raise RequestError(f"{name}: missing; give a list of sentences, {name}: [\"...\"]")
     if not isinstance(value, list):
         hint = f"; wrap one sentence in a list, {name}: [\"...\"]" if isinstance(value, str) else ""
-        raise RequestError(f"{name}: must be a list of strings, got {_kind(value)}{hint}")
+        raise RequestError(f"{name}: must be a list of strings, got {json_kind(value)}{hint}")
     if not value:
         raise RequestError(f"{name}: an empty list; give at least one sentence")
     if len(value) > settings.max_sentences:
@@ -231,7 +218,7 @@ def sentences(value: Any, name: str, settings: Settings) -> list[str]:
 
 def check_text(value: Any, where: str, settings: Settings) -> str:
     if not isinstance(value, str):
-        raise RequestError(f"{where}: must be a string, got {_kind(value)}")
+        raise RequestError(f"{where}: must be a string, got {json_kind(value)}")
     if len(value) > settings.max_chars:
         raise RequestError(f"{where}: {len(value)} characters; the limit is {settings.max_chars} (--max-chars)")
     return value
@@ -246,7 +233,7 @@ def pieces(translator: Translator, text: str, where: str, side: str, settings: S
     return n
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
              float: "a number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
@@ -256,119 +243,11 @@ def _kind(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class TranslateRequest:
-    """Sentences to translate with one decoding setting; `decode` (resolved on the server's defaults) and
-    `alignment` decide which requests may share a model call."""
-
-    sources: list[str]
-    prefixes: list[str | None] | None  # one per source (None: none), or None for no prefixes at all
-    beam: int | None  # as asked (None: the server's default)
-    nbest: int | None
-    alignment: bool
-    decode: DecodeConfig
-    widths: list[int]  # source pieces + </s> per sentence: what the batch's token budget counts
-    timeout: float  # seconds it may wait for its answer
-    constraints: list[list[str]] | None = None  # per source, the target phrases it must hold (glossary included)
-    attention: bool = False  # each hypothesis' attention maps: what HTML's tags are placed by (tformer.documents)
-
-    @property
-    def key(self) -> tuple[DecodeConfig, bool, bool] | None:
-        """Requests with equal keys may be decoded together; None: alone (sampling seeds by batch position)."""
-        return None if self.decode.strategy == "sample" else (self.decode, self.alignment, self.attention)
-
-
-@dataclass(frozen=True)
 class ScoreRequest:
     sources: list[str]
     targets: list[str]
     widths: list[int]  # the longer side + 1 per pair
     timeout: float  # seconds it may wait for its answer
-
-
-def decode_settings(translator: Translator, beam: int | None, nbest: int | None,
-                    repetition_penalty: float | None = None) -> DecodeConfig:
-    """The server's decoding defaults with the request's beam, nbest and repetition penalty, or a 400 saying
-    why not."""
-    defaults = translator.config.decode
-    strategy = defaults.strategy if beam is None else "greedy" if beam == 1 else "beam"
-    size = defaults.beam_size if beam is None else beam
-    n = defaults.nbest if nbest is None else nbest
-    if n > 1 and strategy == "greedy":
-        raise RequestError(f"nbest: {n} hypotheses need beam search; give beam >= {n} as well"
-                           + (" (this server decodes greedily by default)" if beam is None else ""))
-    if strategy == "beam" and n > size:
-        raise RequestError(f"nbest: {n} hypotheses cannot come from a beam of {size}; give beam >= {n}")
-    extra = {} if repetition_penalty is None else {"repetition_penalty": repetition_penalty}
-    try:
-        return translator.decode_settings(beam=beam, nbest=nbest, **extra)
-    except TformerError as e:
-        raise RequestError(f"beam/nbest: {e}") from None
-
-
-def penalty_field(body: dict[str, Any]) -> float | None:
-    value = body.get("repetition_penalty")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not MIN_REPETITION_PENALTY <= value <= MAX_REPETITION_PENALTY:
-        raise RequestError(f"repetition_penalty: must be a number > 0, from {MIN_REPETITION_PENALTY:g} to "
-                           f"{MAX_REPETITION_PENALTY:g} (1: none, > 1 discourages repeats), got {value!r}")
-    return float(value)
-
-
-def per_source(value: Any, name: str, n: int, entry: str) -> None:
-    """A field that holds one `entry` per sentence of src (n), as a list."""
-    if not isinstance(value, list) or len(value) != n:
-        raise RequestError(f"{name}: must be a list with {entry} per sentence of src ({n}), got {_kind(value)}"
-                           + (f" of {len(value)}" if isinstance(value, list) else ""))
-
-
-def constraints_field(value: Any, sources: list[str], translator: Translator, settings: Settings,
-                      cfg: DecodeConfig, where: str = "constraints") -> list[list[str]] | None:
-    """The request's constraints (one list of target phrases, or null, per source) with the server's glossary
-    terms found in each source added; None when no sentence has any. A 400 names the entry."""
-    if value is not None:
-        per_source(value, where, len(sources), "one list of target phrases (or null)")
-        for i, phrases in enumerate(value):
-            if phrases is not None and not isinstance(phrases, list):
-                raise RequestError(f"{where}[{i}]: must be a list of target phrases or null, got {_kind(phrases)}")
-            for j, phrase in enumerate(phrases or ()):
-                check_text(phrase, f"{where}[{i}][{j}]", settings)
-                pieces(translator, phrase, f"{where}[{i}][{j}]", "target", settings)
-    glossary = settings.glossary
-    out = [list(value[i] or ()) if value is not None else [] for i in range(len(sources))]
-    if glossary is not None:
-        out = [given + [t for t in glossary.match(src) if t not in given] for given, src in zip(out, sources)]
-    if not any(out):
-        return None
-    try:
-        translator.constraint_ids(out, len(sources), cfg)
-    except TformerError as e:
-        glossed = glossary is not None and any(glossary.match(s) for s in sources)
-        raise RequestError(f"{e}" + (" (the server's --glossary adds its terms found in the sentences)" if glossed
-                                     else "")) from None
-    return out
-
-
-def translate_request(body: Any, translator: Translator, settings: Settings) -> TranslateRequest:
-    """A /v1/translate body, checked (see tformer.serve)."""
-    body = check_object(body, TRANSLATE_FIELDS, '{"src": ["A dog runs ."], "beam": 5}')
-    sources = sentences(body.get("src"), "src", settings)
-    beam = whole(body, "beam", 1, settings.max_beam, "--max-beam")
-    nbest = whole(body, "nbest", 1, settings.max_nbest, "--max-nbest")
-    alignment = flag_field(body, "alignment")
-    prefixes = body.get("prefix")
-    if prefixes is not None:
-        per_source(prefixes, "prefix", len(sources), "one string (or null)")
-        for i, p in enumerate(prefixes):
-            if p is not None:
-                check_text(p, f"prefix[{i}]", settings)
-                pieces(translator, p, f"prefix[{i}]", "target", settings)
-    widths = [pieces(translator, s, f"src[{i}]", "source", settings) + 1 for i, s in enumerate(sources)]
-    cfg = decode_settings(translator, beam, nbest, penalty_field(body))
-    constraints = constraints_field(body.get("constraints"), sources, translator, settings, cfg)
-    return TranslateRequest(sources, prefixes, beam, nbest, alignment, cfg, widths, time_limit(body, settings),
-                            constraints)
 
 
 def score_request(body: Any, translator: Translator, settings: Settings) -> ScoreRequest:
