@@ -217,7 +217,7 @@ def test_rules_for_builds_only_the_rules_a_batch_needs_in_their_order():
     limit = torch.tensor([3, 3])
     plain, same = rules_for(DecodeConfig(), limit, [[], None], {"constraints": [None, []]})
     assert [type(r) for r in plain.rules] == [NeverSpecial] and torch.equal(same, limit)
-    cfg = DecodeConfig(strategy="beam", min_len=2, no_repeat_ngram=2, repetition_penalty=1.2)
+    cfg = DecodeConfig(strategy="beam", min_len=2, no_repeat_ngram=2, repetition_penalty=1.2, unk_penalty=2.0)
     every, raised = rules_for(cfg, limit, [[4, 5, 6, 4], None], {"constraints": [None, [[5, 6, 4, 5]]]})
     assert [type(r) for r in every.rules] == list(ORDER)
     assert raised.tolist() == [4, 4]  # the prefix's 4 tokens; the phrase's 4
@@ -867,3 +867,54 @@ def test_every_search_refuses_a_prefix_holding_its_own_bos():
                                       prefix=[[4, BOS]])):
         with pytest.raises(ValueError, match=r"^prefix 0 holds a special or negative id"):
             search()
+
+
+def unknown_table(seed, depth=5):
+    """A random table in which <unk> (id 3) is often the most probable token."""
+    g = torch.Generator().manual_seed(seed)
+    table = {}
+    for n in range(depth):
+        for hist in itertools.product([Vocab.unk, 4, 5], repeat=n):
+            p = torch.rand(4, generator=g) ** 2 + torch.tensor([0.01, 0.6, 0.01, 0.01])
+            table[hist] = dict(zip([EOS, Vocab.unk, 4, 5], (p / p.sum()).tolist()))
+    return table
+
+
+def _unk_lowered(table, penalty):
+    """The table a model would give if <unk>'s logit were `penalty` lower: its probability times e^-penalty,
+    every entry renormalised. Written from the definition, without tensors."""
+    out = {}
+    for hist, probs in table.items():
+        weights = {t: p * (math.exp(-penalty) if t == Vocab.unk else 1.0) for t, p in probs.items()}
+        z = sum(weights.values())
+        out[hist] = {t: w / z for t, w in weights.items() if w > 0}  # e^-1000 is 0: such a path is not taken
+    return out
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1.5, 1000.0])
+def test_an_unknown_penalty_decodes_as_the_plain_searches_over_a_table_with_unk_made_rarer(penalty):
+    """decode.unk_penalty (fairseq's --unkpen, CTranslate2's disable_unk) in every search: greedy, sampling with
+    top_k = 1 and a beam wider than the tree give the plain searches' paths over the table with <unk>'s
+    probability scaled by e^-penalty and renormalised, scored by it; penalty 1000 never writes <unk>."""
+    tables = [unknown_table(s) for s in range(4)]
+    prefix = [[Vocab.unk] if penalty < 100 else [5], None, [4], []]  # a forced <unk> is scored penalised too
+    B, limit = len(tables), 4
+    cache, limits = cache_of(list(range(B))), torch.full((B,), limit)
+    greedy = search(tables_step(tables), cache, limits, DecodeConfig(unk_penalty=penalty), prefix=prefix)
+    drawn = search(tables_step(tables, shared=False), cache, limits,
+                   DecodeConfig(strategy="sample", top_k=1, seed=3, unk_penalty=penalty), prefix=prefix)
+    cfg = DecodeConfig(strategy="beam", beam_size=100, nbest=3, len_penalty=1.0, len_penalty_rule="power",
+                       beam_finish="all", unk_penalty=penalty)
+    wide = search(tables_step(tables), cache, limits, cfg, prefix=prefix)
+    plain = [plain_greedy(t, limit, prefix=p or ())[0] for t, p in zip(tables, prefix)]
+    assert sum(toks.count(Vocab.unk) for toks in plain) >= 4  # without the rule, <unk> is written
+    for i, (table, p) in enumerate(zip(tables, prefix)):
+        lowered = _unk_lowered(table, penalty)
+        toks, score = plain_greedy(lowered, limit, prefix=p or ())
+        assert greedy.tokens[i] == [toks] and greedy.scores[i] == pytest.approx([score], abs=1e-4)
+        assert drawn.tokens[i] == [toks]
+        want = plain_paths(lowered, limit, 1.0, "power", prefix=p or ())[:3]
+        assert wide.tokens[i] == [t for _, t in want]
+        assert wide.scores[i] == pytest.approx([s for s, _ in want], abs=1e-4)
+        if penalty == 1000.0:
+            assert all(Vocab.unk not in h for h in greedy.tokens[i] + wide.tokens[i])

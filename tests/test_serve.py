@@ -199,6 +199,7 @@ VARIED = {
     "max_len_b": ({**BEAM, "max_len_a": 0.3}, {**BEAM, "max_len_a": 0.3, "max_len_b": 1}),
     "no_repeat_ngram": (BEAM, {**BEAM, "no_repeat_ngram": 1}),
     "repetition_penalty": (BEAM, {**BEAM, "repetition_penalty": 3.0}),
+    "unk_penalty": (BEAM, {**BEAM, "unk_penalty": 1000.0}),
     "temperature": (SAMPLE, {**SAMPLE, "temperature": 0.3}),
     "top_k": (SAMPLE, {**SAMPLE, "top_k": 2}),
     "top_p": (SAMPLE, {**SAMPLE, "top_p": 0.3}),

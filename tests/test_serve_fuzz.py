@@ -73,7 +73,7 @@ ROUTES = {
     "/v1/translate": ("post", {"src"}, {"beam", "nbest", "prefix", "alignment", "constraints", "repetition_penalty",
                                         "timeout", "strategy", "len_penalty", "len_penalty_rule", "min_len",
                                         "max_len_a", "max_len_b", "no_repeat_ngram", "temperature", "top_k",
-                                        "top_p", "seed", "beam_finish"},
+                                        "top_p", "seed", "beam_finish", "unk_penalty"},
                       {"src": ["a b c"]}, {"translations", "decoding"}, POST_CODES),
     "/v1/score": ("post", {"src", "tgt"}, {"timeout"}, {"src": ["a b c"], "tgt": ["a b c"]}, {"scores"}, POST_CODES),
     "/v1/health": ("get", set(), set(), None, {"status", "pending_sentences", "uptime_seconds"}, PUBLIC_CODES),

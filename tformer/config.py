@@ -373,6 +373,10 @@ class DecodeConfig:
                                        "and multiplied where negative (> 1 discourages loops; 1 = off)", low=1e-3,
                                        high=1e3, per_call=True)  # CTranslate2's and Hugging Face's rule; beyond
     # these bounds the logits overflow
+    unk_penalty: float = option(0.0, "lowers the <unk> logit by this before the softmax: <unk> is e^penalty times "
+                                "less likely against every other token (0 = off; 1000: never in practice)", low=0,
+                                high=1e3, per_call=True)  # fairseq's --unkpen (on log-probabilities), CTranslate2's
+    # disable_unk and Marian's default (no --allow-unk): a model should not write a token that says "I don't know"
     temperature: float = option(1.0, "sampling only: logits / temperature", low=0, open_low=True, per_call=True)
     top_k: int = option(0, "sampling only: keep the k most probable tokens (0 = all)", low=0, per_call=True)
     top_p: float = option(1.0, "sampling only: keep the smallest set with this much probability", low=0,

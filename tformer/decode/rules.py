@@ -24,6 +24,7 @@ before it raised) and each hook runs in that order too. Masks commute (each only
 changes no bit; it is fixed for the reader. The rules:
 
     RepetitionPenalty   repetition_penalty != 1: logits of tokens a row has output divided / multiplied
+    UnknownPenalty      unk_penalty > 0: the <unk> logit lowered by it
     NeverSpecial        always: <pad> and <s> are never output
     MinLength           min_len > 0: </s> only after min_len tokens
     NoRepeatNgram       no_repeat_ngram > 0: no n-gram twice in a row's output
@@ -47,12 +48,13 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import torch
 from torch import Tensor
 
 from tformer.config import DecodeConfig
 from tformer.data.vocab import Vocab
-from tformer.decode.common import (PhraseInput, Phrases, Rule, force, forced_scores, log_probs, penalize_repeats,
-                                   prefix_table, row_topk)
+from tformer.decode.common import (PhraseInput, Phrases, Rule, force, forced_scores, log_probs, owned_fp32,
+                                   penalize_repeats, prefix_table, row_topk)
 from tformer.decode.constraints import Constraints
 
 
@@ -79,6 +81,26 @@ class RepetitionPenalty(Rule):
 
     def logits(self, logits: Tensor, at) -> Tensor:
         return penalize_repeats(logits, at.history, self.penalty)  # (N, V)
+
+
+class UnknownPenalty(Rule):
+    """The logit of <unk> lowered by decode.unk_penalty before the search normalises: <unk> becomes e^penalty
+    times less likely against every other token, and the scores stay a distribution (fairseq's --unkpen
+    subtracts from the log-probability after the softmax instead)."""
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = penalty
+
+    @classmethod
+    def of(cls, given: Given, max_len: Tensor) -> tuple[Rule | None, Tensor]:
+        p = given.cfg.unk_penalty
+        return (cls(p) if p else None), max_len
+
+    def logits(self, logits: Tensor, at) -> Tensor:
+        if not owned_fp32(logits):
+            logits = logits.to(torch.float32, copy=True)
+        logits[:, Vocab.unk] -= self.penalty  # (N,)
+        return logits  # (N, V)
 
 
 class NeverSpecial(Rule):
@@ -148,7 +170,7 @@ class ForcedPrefix(Rule):
         return self.table[at.row_sentence, at.t]  # (N,) the prefix token due, -1 past the prefix
 
 
-ORDER: tuple[type[Rule], ...] = (RepetitionPenalty, NeverSpecial, MinLength, NoRepeatNgram, Constraints, ForcedPrefix)
+ORDER: tuple[type[Rule], ...] = (RepetitionPenalty, UnknownPenalty, NeverSpecial, MinLength, NoRepeatNgram, Constraints, ForcedPrefix)
 PHRASE_INPUTS: tuple[PhraseInput, ...] = tuple(r.phrase for r in ORDER if r.phrase is not None)
 
 
