@@ -30,6 +30,11 @@ from tformer.results import Hypothesis, Translation
 from tformer.serve import Server, Settings
 
 
+def terms(glossary: Glossary, sentence: str) -> list[str]:
+    """The target terms a glossary makes the sentence's outputs hold."""
+    return glossary.phrases(sentence).get("constraints", [])
+
+
 def _pieces(word: str) -> list[str]:
     """SentencePiece-like pieces of one word: '▁' and its first three characters, then three at a time."""
     return ["▁" + word[:3]] + [word[k:k + 3] for k in range(3, len(word), 3)]
@@ -132,14 +137,14 @@ GLOSSARY = "# terms\nman\tWOMAN\nred dog\tBIG CAT\n\nsmall\tA\n"
 
 def test_a_glossarys_terms_are_the_constraints_sentence_level_translate_takes(translator, tmp_path):
     g = Glossary.parse(GLOSSARY)
-    assert g.match("The Man saw a red dog, a small red doggy and a man.") == ["WOMAN", "BIG CAT", "A"]
-    assert g.match("manly reddog smaller") == []  # whole words only
-    assert Glossary.parse("red\tX\nred dog\tY\n").match("a red dog and red") == ["Y", "X"]  # longest first
+    assert terms(g, "The Man saw a red dog, a small red doggy and a man.") == ["WOMAN", "BIG CAT", "A"]
+    assert terms(g, "manly reddog smaller") == []  # whole words only
+    assert terms(Glossary.parse("red\tX\nred dog\tY\n"), "a red dog and red") == ["Y", "X"]  # longest first
     texts = [f"{LINES[0]}. {LINES[1]}", LINES[5]]
     got = translate_documents(translator, texts, glossary=g, beam=4)
     sentences = [s for t in texts for s in prepare(t).sentences]
-    want = translator.translate(sentences, beam=4, constraints=[g.match(s) for s in sentences])
-    assert any(g.match(s) for s in sentences)
+    want = translator.translate(sentences, beam=4, constraints=[terms(g, s) for s in sentences])
+    assert any(terms(g, s) for s in sentences)
     assert got == [f"{want[0].text} {want[1].text}", want[2].text]
     (tmp_path / "g.tsv").write_text(GLOSSARY, encoding="utf-8")
     assert Glossary.read(tmp_path / "g.tsv") == g
@@ -320,7 +325,7 @@ def test_libretranslate_translates_paragraphs_html_and_glossary_terms_as_the_lib
         status, out, _ = call(url, "/translate", {"q": PARAGRAPHS[0], "source": "en", "target": "de"})
         assert status == 200 and out["translatedText"] == translate_documents(beam, [PARAGRAPHS[0]], glossary=g)[0]
         status, out, _ = call(url, "/v1/translate", {"src": [LINES[0]], "constraints": [["CAT"]]})
-        want = beam.translate([LINES[0]], constraints=[["CAT"] + g.match(LINES[0])])
+        want = beam.translate([LINES[0]], constraints=[["CAT"] + terms(g, LINES[0])])
         assert status == 200 and out["translations"][0]["text"] == want[0].text
 
 

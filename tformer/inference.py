@@ -118,7 +118,8 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
                 allowed = [shortlist.allowed(sources[i], _forced(prefix, batch, j)) for j, i in enumerate(rows)]
                 r = restrict(model, cache, allowed, model.generator.out_features)
                 hyp = r.tokens(search(r.step, r.cache, limit, cfg, ids=rows, prefix=r.columns(prefix), stop=stop,
-                                      phrases={name: r.columns(per) for name, per in batch.items()}))
+                                      phrases={name: r.columns(per) if phrase_input(name).written else
+                                               r.reachable(per) for name, per in batch.items()}))
             for i, toks, score in zip(rows, hyp.tokens, hyp.scores):
                 tokens[i], scores[i] = toks, score
     finally:

@@ -235,6 +235,14 @@ class Restricted(NamedTuple):
             return x if x is None else column[x] if isinstance(x, int) else [convert(y) for y in x]
         return convert(lists)
 
+    def reachable(self, per_sentence):
+        """Phrases (per sentence, a list of id lists, or None) in columns, keeping only those whose every token
+        has one: no output of the batch can write the others. For a phrase input whose tokens the shortlist does
+        not keep (PhraseInput.written False: phrases to avoid), whose phrases outside it are then moot."""
+        column = {i: c for c, i in enumerate(self.ids.tolist())}
+        return [None if s is None else [[column[t] for t in p] for p in s if all(t in column for t in p)]
+                for s in per_sentence]
+
     def tokens(self, nbest):
         """A search's NBest in columns -> the same in target ids."""
         ids = self.ids.tolist()

@@ -113,13 +113,14 @@ def word_alignment(translation: Translation, which: int = 0) -> list[tuple[int, 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A text read for translation: `sentences` to translate in one batch, with `constraints` (each one's
-    glossary terms), and what `assemble` needs to put the translations back."""
+    """A text read for translation: `sentences` to translate in one batch, with `phrases` (each one's glossary
+    terms by the phrase input they feed: Glossary.phrases), and what `assemble` needs to put the translations
+    back."""
 
     format: str
     text: str
     sentences: list[str]
-    constraints: list[list[str]]
+    phrases: list[dict[str, list[str]]]
     spans: list[tuple[int, int]]  # text: each sentence's span in `text`
     parts: list[tuple[int, list[tuple[int, int]]]]  # html: per segment, its first sentence and their spans
     markup: MarkupDocument | None = None
@@ -181,8 +182,8 @@ def prepare(text: str, format: str = "text", lang: str = "en", split: bool = Tru
     return Prepared(format, text, sentences, _terms(sentences, glossary), [], parts, markup)
 
 
-def _terms(sentences: list[str], glossary: Glossary | None) -> list[list[str]]:
-    return [glossary.match(s) if glossary is not None else [] for s in sentences]
+def _terms(sentences: list[str], glossary: Glossary | None) -> list[dict[str, list[str]]]:
+    return [glossary.phrases(s) if glossary is not None else {} for s in sentences]
 
 
 def translate_documents(translator, texts: Sequence[str], *, format: str = "text", lang: str | None = None,
@@ -204,9 +205,9 @@ def translate_documents(translator, texts: Sequence[str], *, format: str = "text
     results = []
     for group in _groups(prepared, HTML_CHUNK if format == "html" else None):
         sentences = [s for p in group for s in p.sentences]
-        constraints = [c for p in group for c in p.constraints]
-        out = translator.translate(sentences, constraints=constraints if any(constraints) else None,
-                                   **options) if sentences else []
+        found = [f for p in group for f in p.phrases]
+        phrases = {name: [f.get(name) for f in found] for name in {name for f in found for name in f}}
+        out = translator.translate(sentences, **phrases, **options) if sentences else []
         at = 0
         for p in group:
             results.append(p.assemble(out[at:at + len(p.sentences)]))

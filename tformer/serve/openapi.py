@@ -92,9 +92,18 @@ def phrase_schemas(settings: Settings) -> dict[str, Any]:
         "items": {"type": "string", "minLength": 1, "maxLength": settings.max_chars}},
         "description": f"one list of target phrases (or null) per sentence of src: {p.help}; at most "
                        f"{p.max_phrases} a sentence (decoding: {' or '.join(p.strategies)})"
-                       + ("; the server's --glossary adds its terms found in the sentence" if p.name ==
-                          Glossary.INPUT else "")}
-            for p in PHRASE_INPUTS}
+                       + (f"; the server's --glossary adds its terms found in the sentence ({_terms(mark)})"
+                          if mark is not None else "")}
+            for p in PHRASE_INPUTS for mark in [_glossary_mark(p.name)]}
+
+
+def _terms(mark: str) -> str:
+    return f"its target terms marked {mark!r}" if mark else "its unmarked target terms"
+
+
+def _glossary_mark(name: str) -> str | None:
+    """The mark (Glossary.MARKS) that makes a glossary's target term feed the phrase input `name`, if any."""
+    return next((mark for mark, feeds in Glossary.MARKS.items() if feeds == name), None)
 
 
 def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[str, Any]:

@@ -89,8 +89,8 @@ def decoding_options(body: dict[str, Any], settings: Settings) -> dict[str, Any]
 
 def phrase_options(body: dict[str, Any], sources: list[str], settings: Settings) -> dict[str, list | None]:
     """The phrase inputs `body` gives (decode.PHRASE_INPUTS: one list of target phrases, or null, per source),
-    their texts within --max-chars, and the server's glossary terms found in each source added to the input
-    the glossary feeds (Glossary.INPUT). An input no sentence uses is left out."""
+    their texts within --max-chars, and the server's glossary terms found in each source added to the inputs
+    they feed (Glossary.phrases). An input no sentence uses is left out."""
     out: dict[str, list | None] = {}
     for phrase in PHRASE_INPUTS:
         value = body.get(phrase.name)
@@ -109,13 +109,19 @@ def phrase_options(body: dict[str, Any], sources: list[str], settings: Settings)
 
 def with_glossary(phrases: dict[str, list | None], sources: list[str], settings: Settings
                   ) -> dict[str, list | None]:
-    """`phrases` with the glossary's terms found in each source added to its input (the terms given first)."""
+    """`phrases` with the glossary's terms found in each source added to the inputs they feed (the phrases given
+    first)."""
     glossary = settings.glossary
     if glossary is None:
         return phrases
-    given = phrases.get(glossary.INPUT) or [None] * len(sources)
-    merged = [list(g or ()) + [t for t in glossary.match(s) if t not in (g or ())] for g, s in zip(given, sources)]
-    return {**phrases, glossary.INPUT: merged} if any(merged) else phrases
+    found = [glossary.phrases(s) for s in sources]
+    out = dict(phrases)
+    for name in glossary.inputs:
+        given = phrases.get(name) or [None] * len(sources)
+        merged = [list(g or ()) + [t for t in f.get(name, ()) if t not in (g or ())] for g, f in zip(given, found)]
+        if any(merged):
+            out[name] = merged
+    return out
 
 
 def per_source(value: Any, name: str, n: int, entry: str) -> None:
@@ -152,7 +158,8 @@ def refusal(e: TformerError, where: Where, settings: Settings, sources: list[str
     if m:
         text = where(m[1], int(m[2])) + text[m.end():]
     glossary = settings.glossary
-    if glossary is not None and glossary.INPUT in text and any(glossary.match(s) for s in sources):
+    if (glossary is not None and any(name in text for name in glossary.inputs)
+            and any(map(glossary.phrases, sources))):
         text += " (the server's --glossary adds its terms found in the sentences)"
     return RequestError(text)
 
