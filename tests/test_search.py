@@ -218,10 +218,11 @@ def test_rules_for_builds_only_the_rules_a_batch_needs_in_their_order():
     plain, same = rules_for(DecodeConfig(), limit, [[], None], {"constraints": [None, []]})
     assert [type(r) for r in plain.rules] == [NeverSpecial] and torch.equal(same, limit)
     cfg = DecodeConfig(strategy="beam", min_len=2, no_repeat_ngram=2, repetition_penalty=1.2, unk_penalty=2.0)
-    every, raised = rules_for(cfg, limit, [[4, 5, 6, 4], None], {"constraints": [None, [[5, 6, 4, 5]]]})
+    every, raised = rules_for(cfg, limit, [[4, 5, 6, 4], None], {"constraints": [None, [[5, 6, 4, 5]]],
+                                                                  "avoid": [[[6, 6]], None]})
     assert [type(r) for r in every.rules] == list(ORDER)
     assert raised.tolist() == [4, 4]  # the prefix's 4 tokens; the phrase's 4
-    assert declared is PHRASE_INPUTS and [p.name for p in PHRASE_INPUTS] == ["constraints"]
+    assert declared is PHRASE_INPUTS and [p.name for p in PHRASE_INPUTS] == ["avoid", "constraints"]
 
 
 def test_the_helpers_put_every_tensor_on_their_inputs_device():

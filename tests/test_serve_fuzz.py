@@ -70,7 +70,8 @@ PUBLIC_CODES = GET_CODES - {401}  # "no API key needed": /v1/health, /languages,
 # path -> (method, required body fields, optional body fields, an example body (all the required fields),
 #          keys every answer has, statuses)
 ROUTES = {
-    "/v1/translate": ("post", {"src"}, {"beam", "nbest", "prefix", "alignment", "constraints", "repetition_penalty",
+    "/v1/translate": ("post", {"src"}, {"beam", "nbest", "prefix", "alignment", "constraints", "avoid",
+                                        "repetition_penalty",
                                         "timeout", "strategy", "len_penalty", "len_penalty_rule", "min_len",
                                         "max_len_a", "max_len_b", "no_repeat_ngram", "temperature", "top_k",
                                         "top_p", "seed", "beam_finish", "unk_penalty"},

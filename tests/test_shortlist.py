@@ -203,7 +203,8 @@ def test_the_batched_search_equals_a_full_search_of_each_sentence_masked_to_its_
                                                                                       ensemble, prefixed,
                                                                                       monkeypatch):
     """The search runs in the batch's columns: its rules and forced prefixes must read columns as the full
-    search reads ids. (Unpadded: padded to 64, this 60-piece vocabulary's columns would be its ids.)"""
+    search reads ids; a phrase to avoid whose tokens are outside the lists is moot. (Unpadded: padded to 64,
+    this 60-piece vocabulary's columns would be its ids.)"""
     monkeypatch.setattr(shortlist_module, "COLUMN_MULTIPLE", 1)
     shortlist, path, _ = built
     paths = [CHECKPOINT, CHECKPOINT] if ensemble else CHECKPOINT
@@ -214,7 +215,11 @@ def test_the_batched_search_equals_a_full_search_of_each_sentence_masked_to_its_
     prefixes = [rare[: i % 3] for i in range(len(sources))] if prefixed else None
     phrases = ([[rare[-1:]] if i % 2 else None for i in range(len(sources))]
                if prefixed and options["strategy"] == "beam" else None)
-    got = translate_ids(listed.model, sources, cfg, prefixes=prefixes, phrases={"constraints": phrases})
+    free = translate_ids(listed.model, sources, cfg, prefixes=prefixes)
+    avoid = [[rare[:1], h[0][len(p or ()):][:1]] if h[0][len(p or ()):] else None  # outside its list; its first
+             for h, p in zip(free.tokens, prefixes or [None] * len(sources))]  # token (a phrase to avoid)
+    got = translate_ids(listed.model, sources, cfg, prefixes=prefixes, phrases={"constraints": phrases, "avoid": avoid})
+    assert got.tokens != free.tokens  # the avoided tokens bite
     plain_cfg = listed.decode_settings(batch_size=1, shortlist="", **options)
     for i, src in enumerate(sources):
         prefix = [prefixes[i]] if prefixed else None
@@ -223,7 +228,8 @@ def test_the_batched_search_equals_a_full_search_of_each_sentence_masked_to_its_
                                                                              else []))
         oracle = (Ensemble([Masked(m, allowed) for m in listed.model.models]) if ensemble
                   else Masked(listed.model, allowed))
-        want = translate_ids(oracle, [src], plain_cfg, prefixes=prefix, phrases={"constraints": phrase})
+        want = translate_ids(oracle, [src], plain_cfg, prefixes=prefix,
+                             phrases={"constraints": phrase, "avoid": [avoid[i]]})
         if prefixed:
             assert all(h[: len(prefix[0])] == prefix[0] for h in got.tokens[i])
         if phrase and phrase[0]:

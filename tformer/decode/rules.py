@@ -28,6 +28,7 @@ changes no bit; it is fixed for the reader. The rules:
     NeverSpecial        always: <pad> and <s> are never output
     MinLength           min_len > 0: </s> only after min_len tokens
     NoRepeatNgram       no_repeat_ngram > 0: no n-gram twice in a row's output
+    Avoid               phrases["avoid"]: phrases no output may hold (negative constraints; every search)
     Constraints         phrases["constraints"]: phrases every output must hold (decode.constraints; beam only)
     ForcedPrefix        a prefix: each output starts with it, its tokens scored at their log-probability
 
@@ -154,6 +155,55 @@ class NoRepeatNgram(Rule):
         return scores
 
 
+class Avoid(Rule):
+    """No output holds any of its sentence's `avoid` phrases (negative constraints: CTranslate2's
+    suppress_sequences, Hugging Face's bad_words_ids), in every search: a token that would complete one, given
+    the row's tokens so far (its prefix's included), is forbidden. A prefix is forced whatever the rules say,
+    so a prefix may hold one (the rule then forbids only what comes after it)."""
+
+    phrase = PhraseInput("avoid", "target phrases no output may hold (negative constraints)", 64,
+                         ("greedy", "beam", "sample"), False)
+
+    def __init__(self, heads: Tensor, last: Tensor) -> None:
+        self.heads = heads  # (B, C, m) each phrase's tokens but its last, right-aligned, -1 (any) on the left
+        self.last = last  # (B, C) each phrase's last token; -1 where a sentence has fewer than C phrases
+
+    @classmethod
+    def of(cls, given: Given, max_len: Tensor) -> tuple[Rule | None, Tensor]:
+        per = given.phrases.get("avoid")
+        if not per or not any(per):
+            return None, max_len
+        phrases = [[list(p) for p in (s or ())] for s in per]
+        if len(phrases) != max_len.shape[0]:
+            raise ValueError(f"{len(phrases)} avoid lists for a batch of {max_len.shape[0]} sentences")
+        for i, s in enumerate(phrases):
+            if any(not p or min(p) < 0 or {0, given.bos, given.eos} & set(p) for p in s):  # id 0: <pad>
+                raise ValueError(f"sentence {i}: an avoided phrase is empty or holds a negative or special id ({s}); "
+                                 "give ids without <s>, </s>, <pad>")
+        C = max(map(len, phrases))
+        m = max(len(p) for s in phrases for p in s) - 1
+        heads = torch.full((len(phrases), C, m), -1, dtype=torch.long)
+        last = torch.full((len(phrases), C), -1, dtype=torch.long)
+        for i, s in enumerate(phrases):
+            for c, p in enumerate(s):
+                heads[i, c, m - len(p) + 1 :] = torch.tensor(p[:-1], dtype=torch.long)
+                last[i, c] = p[-1]
+        return cls(heads.to(max_len.device), last.to(max_len.device)), max_len
+
+    def mask(self, scores: Tensor, at) -> Tensor:
+        rows = at.row_sentence  # (N,)
+        last = self.last.index_select(0, rows)  # (N, C)
+        match = last >= 0  # (N, C) a phrase whose heads the row's last tokens end with
+        m = self.heads.shape[2]
+        if m:
+            heads = self.heads.index_select(0, rows)  # (N, C, m)
+            tail = at.history[:, -m:] if at.t >= m else torch.cat(  # (N, m) -2 before the output: matches no token
+                [at.history.new_full((at.history.shape[0], m - at.t), -2), at.history], 1)
+            match &= ((heads == tail[:, None, :]) | (heads < 0)).all(2)
+        hit = torch.where(match, float("-inf"), float("inf")).to(scores.dtype)  # (N, C)
+        return scores.scatter_reduce_(1, last.clamp(min=0), hit, "amin")  # in place; no read back to the host
+
+
 class ForcedPrefix(Rule):
     """Each output of sentence i begins with exactly prefix[i]: a row inside its prefix takes the token due."""
 
@@ -170,7 +220,8 @@ class ForcedPrefix(Rule):
         return self.table[at.row_sentence, at.t]  # (N,) the prefix token due, -1 past the prefix
 
 
-ORDER: tuple[type[Rule], ...] = (RepetitionPenalty, UnknownPenalty, NeverSpecial, MinLength, NoRepeatNgram, Constraints, ForcedPrefix)
+ORDER: tuple[type[Rule], ...] = (RepetitionPenalty, UnknownPenalty, NeverSpecial, MinLength, NoRepeatNgram, Avoid,
+                                 Constraints, ForcedPrefix)
 PHRASE_INPUTS: tuple[PhraseInput, ...] = tuple(r.phrase for r in ORDER if r.phrase is not None)
 
 

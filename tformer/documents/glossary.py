@@ -6,6 +6,7 @@ as any caller's phrases do (Translator.prepare), with no path of their own.
 
     # comment lines and blank lines are skipped
     source term<TAB>target term
+    source term<TAB>!a rendering never to write ("avoid": tformer.decode.rules.Avoid)
 
 Matching: whole words (a term never matches inside a longer word), ignoring case, longest term first where
 terms overlap, each occurrence once. A source term has one target term for an input its outputs must write
@@ -28,7 +29,8 @@ from tformer.errors import DataError
 class Glossary:
     """Source term -> its target terms by phrase input, matched on source sentences (`phrases`)."""
 
-    MARKS: ClassVar[dict[str, str]] = {"": "constraints"}  # a target term's first characters -> the input it feeds
+    MARKS: ClassVar[dict[str, str]] = {"": "constraints", "!": "avoid"}  # a target term's first characters -> the
+    # input it feeds: "!" a rendering outputs must not hold
 
     entries: tuple[tuple[str, str, str], ...]  # (source term, target term, phrase input), in file order
     _pattern: re.Pattern | None = field(default=None, init=False, repr=False, compare=False)
