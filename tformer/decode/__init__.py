@@ -8,8 +8,8 @@ per hypothesis, sentence-level ones one row per sentence, shared by that sentenc
 
 Three parts, each in one place:
 
-    rules.py     the rules as objects (common.Rule: minimum length, n-gram blocking, repetition penalty, never
-                 <pad>/<s>, forced prefix, constraints), built once per batch from the DecodeConfig and the
+    rules.py     the rules as objects (common.Rule: minimum length, n-gram blocking, repetition and <unk>
+                 penalties, never <pad>/<s>, phrases to avoid, constraints, forced prefix), built once per batch from the DecodeConfig and the
                  per-sentence data by `rules_for`, in one order (`rules.ORDER`); `Rules.scores` is the one chain
                  that turns a step's logits into the scores a search chooses by
     batch.py     the live batch (`Batch`): rows take their tokens, follow their parents, leave when stopped or
@@ -56,7 +56,7 @@ def search(step: StepFn, cache: Cache, max_len: Tensor, cfg: DecodeConfig, ids: 
     (rules_for); `ids` (sentence indices in the input) seed sampling; `prefix` (one id list per sentence, or
     None) forces the start of every output (see above); `stop` takes sentences out before any step
     (common.stopped); `phrases`: the rules' per-sentence phrase inputs by name (PHRASE_INPUTS; "constraints":
-    phrases every output must hold, beam search only)."""
+    phrases every output must hold, beam search only; "avoid": phrases no output may hold)."""
     rules, max_len = rules_for(cfg, max_len, prefix, phrases)
     if cfg.strategy == "beam":
         return beam_search(step, cache, max_len, rules, beam=cfg.beam_size, alpha=cfg.len_penalty, nbest=cfg.nbest,
