@@ -66,7 +66,7 @@ TARGETS = [
             "tests/test_blocks.py::test_qk_norm_attention_is_its_formula")),
     Target("decode", ("tformer/decode/*",),
            ("tests/test_search.py", "tests/test_decode.py", "tests/test_beam.py", "tests/test_decode_kernels.py",
-            "tests/test_prefix.py", "tests/test_constraints.py", "tests/test_shortlist.py")),
+            "tests/test_prefix.py", "tests/test_constraints.py", "tests/test_shortlist.py", "tests/test_avoid.py")),
     Target("act", ("tformer/model/act.py",),
            ("tests/test_act.py", "tests/test_universal.py", "tests/test_universal_graph.py")),
     Target("loss", ("tformer/training/loss.py",),

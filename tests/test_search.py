@@ -919,3 +919,29 @@ def test_an_unknown_penalty_decodes_as_the_plain_searches_over_a_table_with_unk_
         assert wide.scores[i] == pytest.approx([s for s, _ in want], abs=1e-4)
         if penalty == 1000.0:
             assert all(Vocab.unk not in h for h in greedy.tokens[i] + wide.tokens[i])
+
+
+def test_the_unknown_penalty_writes_over_a_steps_own_logits_and_never_over_anyone_elses():
+    """UnknownPenalty.logits lowers the <unk> column by the penalty: in place in a step's own fp32 logits, into
+    a new fp32 tensor for bf16 logits or a view of someone else's, which stay as they were."""
+    from tformer.decode.rules import UnknownPenalty
+
+    rule = UnknownPenalty(2.0)
+
+    def lowered(x):
+        want = x.float().clone()
+        want[:, Vocab.unk] -= 2.0
+        return want
+
+    own = torch.randn(3, 9)
+    want = lowered(own)
+    got = rule.logits(own, None)
+    assert got is own and torch.equal(got, want)
+    bf16 = torch.randn(3, 9).bfloat16()
+    kept = bf16.clone()
+    got = rule.logits(bf16, None)
+    assert got.dtype == torch.float32 and torch.equal(got, lowered(kept)) and torch.equal(bf16, kept)
+    wide = torch.randn(3, 18)
+    kept = wide.clone()
+    got = rule.logits(wide[:, :9], None)
+    assert torch.equal(got, lowered(kept[:, :9])) and torch.equal(wide, kept)
