@@ -258,3 +258,22 @@ def test_a_demo_stopped_short_of_its_target_says_so_with_the_limit_and_how_to_tr
     assert f"tformer train --run-dir {run} --resume train.max_steps=6" in out
     assert out.index("(ref)") < out.index("\nshort of the target (validation exact match")  # after the examples too
     assert "stopped the run at step 3, short of train.target_exact_match=1" in r.stderr  # the training log's
+
+
+def test_the_decoding_message_names_every_rule_in_use_from_the_configs_fields():
+    """describe_decode names each per-call decoding setting that differs from its default (read from
+    DecodeConfig's metadata: a new rule's field is named without a change here), and none for the defaults."""
+    import dataclasses
+
+    from tformer.commands.common import describe_decode
+    from tformer.config import Config, DecodeConfig
+
+    plain = describe_decode(Config(), [])
+    assert plain.startswith("greedy (from the checkpoint's decode section") and "penalty" not in plain
+    cfg = Config(decode=DecodeConfig(strategy="beam", beam_size=3, unk_penalty=5.0, no_repeat_ngram=2, min_len=1))
+    said = describe_decode(cfg, ["decode.unk_penalty=5"])
+    assert said.startswith("beam 3, length penalty alpha 0.6")
+    assert all(f"{k} {v}" in said for k, v in (("unk_penalty", 5.0), ("no_repeat_ngram", 2), ("min_len", 1)))
+    assert "repetition_penalty" not in said and "beam_finish" not in said  # at their defaults
+    changed = dataclasses.replace(cfg.decode, beam_finish="all")
+    assert "beam_finish all" in describe_decode(dataclasses.replace(cfg, decode=changed), [])

@@ -138,14 +138,25 @@ def describe_decode(cfg, overrides: list[str] | None = None) -> str:
         origin = " (from the checkpoint's decode section; --beam N for beam search)"
     if overrides is None:  # where it comes from is not known here
         origin = ""
-    extra = (f", min length {d.min_len}" if d.min_len else "") + \
-        (f", no repeated {d.no_repeat_ngram}-grams" if d.no_repeat_ngram else "") + \
-        (f", repetition penalty {d.repetition_penalty}" if d.repetition_penalty != 1.0 else "")
+    extra = "".join(f", {k} {v}" for k, v in _rules_in_use(d, relevant))
     batch = f"{d.batch_tokens} tokens" if d.batch_tokens else f"{d.batch_size} sentences"
     int8 = ", int8" if d.quantize == "int8" else f", {d.precision}" if d.precision != "fp32" else ""
     int8 += f", shortlist {d.shortlist}" if d.shortlist else ""
     return (f"{how[d.strategy]}{origin}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "
             f"kernel {cfg.model.attention}{int8}")
+
+
+def _rules_in_use(d, shown: tuple[str, ...]) -> list[tuple[str, object]]:
+    """The per-call decoding settings (DecodeConfig's metadata) that differ from their defaults and are not said
+    already: the rules in use (min_len, no_repeat_ngram, repetition_penalty, unk_penalty, ...)."""
+    import dataclasses
+
+    from tformer.config import DecodeConfig, request_fields
+
+    said = set(shown) | {"max_len_a", "max_len_b", "nbest", "beam_size", "len_penalty", "temperature", "top_k",
+                         "top_p", "seed"}  # said by the search's own words or the length limit
+    return [(f.name, getattr(d, f.name)) for f in request_fields(DecodeConfig).values()
+            if f.name not in said and getattr(d, f.name) != f.default and f.default is not dataclasses.MISSING]
 
 
 def show_examples(sources: list[str], refs: list[str], outputs: list[str], n: int) -> None:
