@@ -30,6 +30,25 @@ def gemm_ceiling(n: int = 1024, reps: int = 10, dtype: torch.dtype = torch.float
     return 2 * n ** 3 / best / 1e9
 
 
+def read_bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
+    """Measured GB/s at which `threads` threads read memory: a float32 tensor of `gib` GiB (far beyond any
+    cache) summed, best of `reps`. What a step that streams its weights once (a decoding step of one sentence)
+    can reach at most; the thread count is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(int(gib * (1 << 30)) // 4)
+        x.sum()
+        best = float("inf")
+        for _ in range(reps):
+            tic = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - tic)
+        return x.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(before)
+
+
 def machine() -> str:
     cpu = platform.processor() or "unknown CPU"
     try:

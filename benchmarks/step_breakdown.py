@@ -13,6 +13,9 @@ rotating order (the machine is shared and noisy):
   order, on the library tformer measured for each shape at load; no attention, norms or Python around them);
 - rest of the step: decode_step with every product replaced by zeros of its shape, made once (what is left).
 
+Each row but the rest also says how fast it streams the step's product weights (read once per step), against the
+machine's read bandwidth measured in the same run (common.read_bandwidth): at batch 1 a step is bound by it.
+
     python benchmarks/step_breakdown.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--rounds 7]
                                         [--same-process] [--record]
 
@@ -32,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHARED_DATA, report  # noqa: E402
+from common import SHARED_DATA, read_bandwidth, report  # noqa: E402
 from ct2_worker import CT2Worker  # noqa: E402
 from decoding_peers import opus_base_folder  # noqa: E402
 
@@ -83,7 +86,10 @@ def main() -> None:
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
         sentences = [line.strip() for line in f]
     chain = products_of(model)
-    table = ["| batch | variant | ms per step | share of tformer's step | vs ct2's step |", "|---:|---|---:|---:|---:|"]
+    weight_bytes = sum(fn.weight.numel() * fn.weight.element_size() for fn, _ in chain)  # read once per step
+    bandwidth = read_bandwidth(threads)  # GB/s, measured here, now
+    table = ["| batch | variant | ms per step | share of tformer's step | vs ct2's step | weights streamed (GB/s) | "
+             "of the read bandwidth |", "|---:|---|---:|---:|---:|---:|---:|"]
     for B in args.batch_size:
         batch = sentences[:B]
         tokens = [pieces.encode(s, out_type=str) + ["</s>"] for s in batch]
@@ -136,11 +142,18 @@ def main() -> None:
         median = {name: statistics.median(v) for name, v in per_step.items()}
         for name in variants:
             share = "" if name == "ct2" else f"{median[name] / median['decode_step loop']:.0%}"
-            table.append(f"| {B} | {name} | {median[name]:.2f} | {share} | {median[name] / median['ct2']:.2f}x |")
+            rate = weight_bytes / (median[name] / 1000) / 1e9  # every variant but the rest reads every weight
+            streamed = ("| n/a | n/a |" if name == "rest of the step" else
+                        f"| {rate:.1f} | {rate / bandwidth:.0%} |")
+            table.append(f"| {B} | {name} | {median[name]:.2f} | {share} | {median[name] / median['ct2']:.2f}x "
+                         + streamed)
     notes = (f"{folder.name}: d={model.cfg.d_model}, {model.cfg.decoder_layers} decoder layers, vocabulary "
              f"{model.generator.out_features}; Multi30k test2016 sentences; per step = (time for {LONG} positions - "
              f"time for {SHORT}) / {LONG - SHORT}, median of {args.rounds} rounds taking turns; {threads} threads; "
-             f"CTranslate2 {ctranslate2.__version__}. \"share\" is against tformer's decode_step loop.")
+             f"CTranslate2 {ctranslate2.__version__}. \"share\" is against tformer's decode_step loop. Weights "
+             f"streamed: the step's product weights ({weight_bytes / 1e6:.0f} MB, read once per step) / its time; "
+             f"the read bandwidth: {bandwidth:.1f} GB/s, {threads} threads summing 1 GiB (common.read_bandwidth), "
+             f"measured in this run; at batch 1 a step is bound by it.")
     where = "in this process (--same-process)" if args.same_process else "in a process of its own"
     report(f"Where a greedy decoding step's time goes, beside CTranslate2's step (CTranslate2 {where})", table,
            notes, args.record)
