@@ -4,62 +4,15 @@ exhaustive search over the paths that hold none (and, with constraints, hold eve
 without phrases decodes as without the rule whatever its batch holds. Through the library, the command line,
 /v1/translate and a glossary's '!' terms: no output's pieces hold a phrase's, and each answer is the library's."""
 
-import itertools
-import math
-
 import pytest
 import torch
 
 import tformer
 from test_constraints import constrained_paths, holds
-from test_search import EOS, cache_of, random_table, tables_step
+from test_search import cache_of, completes, plain_greedy, plain_paths, random_table, tables_step
 from tformer.config import DecodeConfig
-from tformer.decode import length_penalty, search
+from tformer.decode import search
 from tformer.errors import DataError
-
-
-def completes(out, tok, phrases):
-    """Whether taking `tok` after `out` ends the output in one of `phrases` (written plainly)."""
-    seq = out + [tok]
-    return any(len(p) <= len(seq) and seq[len(seq) - len(p):] == p for p in phrases)
-
-
-def avoiding_greedy(table, limit, phrases, prefix=()):
-    out, score = [], 0.0
-    while len(out) < max(limit, len(prefix)):
-        probs = table.get(tuple(out), {EOS: 1.0})
-        if len(out) < len(prefix):
-            tok = prefix[len(out)]
-        else:
-            allowed = {t: p for t, p in probs.items() if not completes(out, t, phrases)}
-            tok = max(allowed, key=allowed.get)
-        score += math.log(probs[tok])
-        if tok == EOS:
-            break
-        out.append(tok)
-    return out, score
-
-
-def avoiding_paths(table, limit, alpha, rule, phrases, prefix=()):
-    """Every path through `table` from the prefix to </s> or the limit in which no token after the prefix
-    completes a phrase, best first by the length-normalised score."""
-    limit, paths = max(limit, len(prefix)), []
-
-    def walk(path, logp):
-        for tok, p in table.get(tuple(path), {EOS: 1.0}).items():
-            if len(path) < len(prefix):
-                if tok != prefix[len(path)]:
-                    continue
-            elif completes(path, tok, phrases):
-                continue
-            lp, size = logp + math.log(p), len(path) + 1
-            if tok == EOS or size == limit:
-                paths.append((lp / length_penalty(size, alpha, rule), path if tok == EOS else path + [tok]))
-            else:
-                walk(path + [tok], lp)
-
-    walk([], 0.0)
-    return sorted(paths, key=lambda h: -h[0])
 
 
 TABLES = [random_table(40 + s, depth=6, peaky=True) for s in range(5)]
@@ -76,7 +29,7 @@ def test_greedy_and_top_one_sampling_are_the_plain_greedy_walk_that_completes_no
     free = search(tables_step(TABLES), cache, limits, DecodeConfig(), prefix=PREFIX)
     assert sum(any(holds(t[0], p) for p in a) for t, a in zip(free.tokens, AVOID)) >= 3  # the rule bites
     for i, (table, phrases, p) in enumerate(zip(TABLES, AVOID, PREFIX)):
-        toks, score = avoiding_greedy(table, limit, phrases, p or ())
+        toks, score = plain_greedy(table, limit, prefix=p or (), avoid=phrases)
         assert greedy.tokens[i] == [toks] and greedy.scores[i] == pytest.approx([score], abs=1e-5)
         assert drawn.tokens[i] == [toks]
         assert not any(holds(toks[len(p or ()):], ph) for ph in phrases)
@@ -95,7 +48,7 @@ def test_a_wide_beam_is_the_exhaustive_search_over_paths_that_hold_no_phrase(fin
     got = search(tables_step(TABLES), cache_of(list(range(B))), torch.full((B,), limit), cfg, prefix=PREFIX,
                  phrases={"avoid": AVOID})
     for i, (table, phrases, p) in enumerate(zip(TABLES, AVOID, PREFIX)):
-        want = avoiding_paths(table, limit, alpha, rule, phrases, p or ())[:3]
+        want = plain_paths(table, limit, alpha, rule, prefix=p or (), avoid=phrases)[:3]
         assert got.tokens[i] == [t for _, t in want]
         assert got.scores[i] == pytest.approx([s for s, _ in want], abs=1e-5)
     alone = [search(tables_step([TABLES[i]]), cache_of([0]), torch.full((1,), limit), cfg, prefix=[PREFIX[i]],

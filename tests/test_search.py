@@ -316,9 +316,18 @@ def test_beam_search_defaults_to_the_configs_length_penalty():
 # ----------------------------------------------------------------------------- `search` hands on every setting
 
 
-def _forbidden(out, tok, min_len, n):
-    """The rules written plainly: </s> before min_len tokens; a token completing an n-gram already in out."""
+def completes(out, tok, phrases):
+    """Whether taking `tok` after `out` ends the output in one of `phrases` (written plainly)."""
+    seq = out + [tok]
+    return any(len(p) <= len(seq) and seq[len(seq) - len(p):] == p for p in phrases)
+
+
+def _forbidden(out, tok, min_len, n, avoid=()):
+    """The rules written plainly: </s> before min_len tokens; a token completing an n-gram already in out, or
+    one of the phrases to `avoid`."""
     if tok == EOS and len(out) < min_len:
+        return True
+    if completes(out, tok, avoid):
         return True
     if n and len(out) >= n:
         grams = {tuple(out[i : i + n]) for i in range(len(out) - n + 1)}
@@ -326,7 +335,7 @@ def _forbidden(out, tok, min_len, n):
     return False
 
 
-def plain_greedy(table, limit, min_len=0, n=0, prefix=()):
+def plain_greedy(table, limit, min_len=0, n=0, prefix=(), avoid=()):
     """One sentence, no tensors: the prefix, then the most probable allowed token until </s> or the limit
     (raised to the prefix); the score sums log p of every token taken, </s> included."""
     out, score = [], 0.0
@@ -335,7 +344,7 @@ def plain_greedy(table, limit, min_len=0, n=0, prefix=()):
         if len(out) < len(prefix):
             tok = prefix[len(out)]
         else:
-            allowed = {t: p for t, p in probs.items() if not _forbidden(out, t, min_len, n)}
+            allowed = {t: p for t, p in probs.items() if not _forbidden(out, t, min_len, n, avoid)}
             assert allowed, "the table must leave the rules something to choose"
             tok = max(allowed, key=allowed.get)
         score += math.log(probs[tok])
@@ -345,9 +354,10 @@ def plain_greedy(table, limit, min_len=0, n=0, prefix=()):
     return out, score
 
 
-def plain_paths(table, limit, alpha, rule, min_len=0, n=0, prefix=()):
+def plain_paths(table, limit, alpha, rule, min_len=0, n=0, prefix=(), avoid=()):
     """Every path the rules allow through `table`, beginning with the prefix, ending in </s> or cut at the
-    limit, as (length-normalised score, tokens), best first."""
+    limit, as (length-normalised score, tokens), best first; `avoid`: phrases no token after the prefix may
+    complete."""
     limit, paths = max(limit, len(prefix)), []
 
     def walk(path, logp):
@@ -355,7 +365,7 @@ def plain_paths(table, limit, alpha, rule, min_len=0, n=0, prefix=()):
             if len(path) < len(prefix):
                 if tok != prefix[len(path)]:
                     continue
-            elif _forbidden(path, tok, min_len, n):
+            elif _forbidden(path, tok, min_len, n, avoid):
                 continue
             lp, size = logp + math.log(p), len(path) + 1
             if tok == EOS or size == limit:
