@@ -30,8 +30,8 @@ from tformer.config import DecodeConfig, request_fields
 from tformer.decode.phrases import PHRASE_INPUTS
 from tformer.errors import TformerError
 from tformer.plan import Plan
-from tformer.serve.requests import (RequestError, Settings, json_kind, check_object, check_text, flag_field, sentences,
-                                    time_limit)
+from tformer.serve.requests import (RequestError, Settings, check_object, check_text, flag, flag_field, json_kind,
+                                    sentences, time_limit)
 
 # What clients call a DecodeConfig field, and what the short name means (Translator.translate's keywords).
 SHORT_NAMES = {"beam_size": ("beam", "1: greedy search; N >= 2: beam search keeping N hypotheses (strategy beam)")}
@@ -56,10 +56,6 @@ def cap(name: str, settings: Settings) -> int | None:
     return getattr(settings, CAPS[name]) if name in CAPS else None
 
 
-def _flag(setting: str) -> str:
-    return "--" + setting.replace("_", "-")
-
-
 def decoding_options(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """The decoding fields `body` gives (null: the checkpoint's), each of its field's type and within the
     server's caps; the config checks its own bounds when the plan is made."""
@@ -81,7 +77,7 @@ def decoding_options(body: dict[str, Any], settings: Settings) -> dict[str, Any]
                                    f"{json_kind(value)} {value!r}")
             top, low = cap(name, settings), f.metadata["bounds"].low
             if top is not None and (value > top or (low is not None and value < low)):
-                raise RequestError(f"{name}: must be a whole number from {low} to {top} ({_flag(CAPS[name])}), "
+                raise RequestError(f"{name}: must be a whole number from {low} to {top} ({flag(CAPS[name])}), "
                                    f"got {value!r}")
         out[name] = value
     return out

@@ -62,11 +62,11 @@ class Settings:
                      "batch_tokens", "max_connections"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{_flag(name)} must be a whole number >= 1, got {value!r}")
+                raise ConfigError(f"{flag(name)} must be a whole number >= 1, got {value!r}")
         for name in ("timeout", "header_timeout", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"{_flag(name)} must be a number of seconds > 0, got {value!r}")
+                raise ConfigError(f"{flag(name)} must be a number of seconds > 0, got {value!r}")
         if not (isinstance(self.max_wait_ms, (int, float)) and 0 <= self.max_wait_ms <= 10_000):
             raise ConfigError(f"--max-wait-ms must be from 0 to 10000 milliseconds, got {self.max_wait_ms!r}")
         if self.max_queue < self.max_sentences:
@@ -81,7 +81,8 @@ class Settings:
         return {**out, "glossary_terms": len(self.glossary) if self.glossary is not None else 0}
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The command-line flag of a Settings field: max_beam -> --max-beam."""
     return "--" + name.replace("_", "-")
 
 
