@@ -323,3 +323,75 @@ def test_each_row_count_runs_on_the_library_that_won_nearest_to_it(monkeypatch):
     monkeypatch.setenv("TFORMER_PREPACK", "0")
     model = build_model(ModelConfig(**BASE), 30, 30).eval()
     assert not any(isinstance(m, matmul.PrepackedLinear) for m in matmul.prepack(model).modules())
+
+
+def test_few_rows_are_timed_on_weights_read_cold_and_many_rows_on_one_weight(monkeypatch):
+    """A decoding step of a few sentences reads each layer's weights from memory: the chooser times each library at
+    up to COLD_ROWS rows on copies of the weight filling twice the last-level cache (capped at MAX_COPIES), each
+    read once per timed pass, and above it on one weight (the rows' arithmetic decides there). Oracle: the
+    weights each timed pass hands the libraries, seen by their entry points."""
+    if not matmul.available():
+        pytest.skip("no oneDNN prepacked linear in this build")
+    cache_bytes = 48 * 200 * 4 * 5  # twice this: 10 copies of a 48 -> 200 fp32 weight
+    monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: cache_bytes)
+    monkeypatch.setattr(matmul, "_CHOICES", {})
+    seen: dict[str, list] = {"plain": [], "fast": []}
+
+    class Spy:  # F.linear and the prepacked product, recording which weight each call reads
+        @staticmethod
+        def linear(x, weight, bias=None):
+            seen["plain"].append(weight.data_ptr())
+            return F.linear(x, weight, bias)
+
+    real_packed = matmul._packed_linear
+    monkeypatch.setattr(matmul, "F", Spy)
+    monkeypatch.setattr(matmul, "_packed_linear", lambda x, p, b: seen["fast"].append(id(p)) or real_packed(x, p, b))
+    passes: list[tuple[int, int, int]] = []
+
+    def faster(plain, fast, repeats=5):
+        for fn, name in ((plain, "plain"), (fast, "fast")):
+            seen[name].clear()
+            fn()
+            passes.append((len(seen[name]), len(set(seen[name]))))
+        return True
+
+    monkeypatch.setattr(matmul, "_faster", faster)
+    matmul.measure(48, 200, torch.float32)
+    want = [(10, 10) if rows <= matmul.COLD_ROWS else (1, 1) for rows in matmul.ROWS for _ in range(2)]
+    assert passes == want
+    passes.clear()
+    monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: 1 << 40)  # a huge cache: MAX_COPIES at most
+    matmul.measure(48, 201, torch.float32)
+    assert passes[0] == (matmul.MAX_COPIES, matmul.MAX_COPIES)
+
+
+def test_the_last_level_cache_size_is_read_from_the_system():
+    """Whatever the CPU: a size between 1 MiB and 4 GiB (or the 32 MiB default where sysfs has none)."""
+    assert (1 << 20) <= matmul._last_cache_bytes() <= (4 << 30)
+
+
+@needs_bf16
+@pytest.mark.parametrize("kind", ["post-norm", "grouped-query", "rotary", "universal", "graph"])
+def test_a_bf16_step_caches_what_attention_reads_and_computes_the_same_logits(kind):
+    """In bf16 on a CPU attention sums in float64 (kernels.sums_in_fp64): the decoder caches the memory's keys and
+    values, and its own, in float64 already (the values of bf16 ones: exact), so a step converts only its new
+    position. Oracle: the same steps with the cache handed back in bf16, which attention converts at every step,
+    as before; the logits are equal, bit for bit. The graph kernel reads its inputs' own format and keeps bf16."""
+    _, model, sources = _pair(kind)
+    src = torch.tensor([sources[0]], device=TEST_DEVICE)
+    with torch.inference_mode():
+        enc = model.encode(src, torch.tensor([src.shape[1]], device=TEST_DEVICE))
+        cache = model.init_cache(enc)
+        want_format = torch.float64 if TEST_DEVICE.type == "cpu" and kind != "graph" else torch.bfloat16
+        assert {t.dtype for kv in cache.cross for t in kv} == {want_format}
+        as_bf16 = dataclasses.replace(cache, cross=[tuple(t.bfloat16() for t in kv) for kv in cache.cross])
+        tokens = torch.tensor([1], device=TEST_DEVICE)
+        for _ in range(3):
+            got, cache = model.decode_step(tokens, cache)
+            want, as_bf16 = model.decode_step(tokens, as_bf16)
+            assert torch.equal(got, want)
+            as_bf16 = dataclasses.replace(as_bf16, self_kv=[tuple(t.bfloat16() for t in kv) for kv in as_bf16.self_kv],
+                                          preallocated=False)
+            tokens = got.argmax(-1)
+        if kind != "universal":  # (its steps cache keys of their own making)
+            assert {k.dtype for k, _ in cache.self_kv} == {want_format}

@@ -77,6 +77,15 @@ def sums_in_fp64(q: Tensor) -> bool:
     return q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu" and not torch.is_grad_enabled()
 
 
+def cache_format(kernel: "Kernel", x: Tensor) -> torch.dtype:
+    """The format a decoder keeps the keys and values it attends to at every step (its cache) in, for rows
+    like `x`: float64 where `kernel` sums in float64 (the dense and SDPA kernels, `sums_in_fp64`), so that a
+    step converts its new position only, not the whole history and the memory again (in bf16 at one sentence,
+    those conversions took 2.7 ms of an 11.3 ms step: benchmarks/RESULTS.md); the values are the same (bf16 and
+    fp16 are exact in float64). Otherwise x's own format."""
+    return torch.float64 if kernel in (dense_attention, sdpa_attention) and sums_in_fp64(x) else x.dtype
+
+
 # A decoding step's self-attention has 1 query per hypothesis and no mask: on a CPU, unmasked attention with
 # fewer queries than this runs faster through the dense kernel's two matmuls than through SDPA's flash kernel
 # (up to 1.8x for 320 hypotheses x 16 keys). Beam search's cross-attention folds a sentence's K hypotheses into

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.attention.kernels import cache_format
 from tformer.attention.kvbuffer import KVBuffer
 from tformer.attention.registry import get_kernel
 from tformer.norms import RMSNorm
@@ -118,7 +119,12 @@ class MultiHeadAttention(nn.Module):
         them first, at every step (the dense kernel, which beam search's folded cross-attention runs, took 3.7-4x
         as long on them at 32 sentences: benchmarks/RESULTS.md)."""
         k, v = self.project_kv(memory)
-        return k.contiguous(), v.contiguous()
+        cached = self.cache_format(memory)
+        return k.contiguous().to(cached), v.contiguous().to(cached)
+
+    def cache_format(self, x: Tensor) -> torch.dtype:
+        """The format of the keys and values a decoder caches for this attention (kernels.cache_format)."""
+        return cache_format(self.kernel, x)
 
     def _grouped(self, x: Tensor) -> Tensor:
         """(B, G, S, Dh) keys or values -> (B, H, S, Dh): each key/value head serves its group of query heads."""

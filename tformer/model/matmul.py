@@ -27,6 +27,7 @@ import math
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -78,10 +79,33 @@ def nearest(rows: int) -> int:
     return _NEAREST[rows] if rows < len(_NEAREST) else len(ROWS) - 1
 
 
+def _last_cache_bytes() -> int:
+    """The size of this CPU's largest cache (its last level), from sysfs; 32 MiB where it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip()
+            sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError, KeyError):
+            pass
+    return max(sizes, default=32 << 20)
+
+
+COLD_ROWS = 8  # up to this row count a product streams its weights from memory in a decoding step
+MAX_COPIES = 256
+
+
 def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
     """Per count of ROWS, whether the prepacked product beat the plain one on random data of this shape and
     format; all False (NEVER) where oneDNN cannot pack this format here (bf16 on a CPU with neither AVX-512 nor
-    AVX-NE-CONVERT). Cached per process."""
+    AVX-NE-CONVERT). Cached per process.
+
+    Up to COLD_ROWS rows the weights are timed cold, as a decoding step reads them: a step of a few sentences
+    streams every layer's weights from memory once (an OPUS-MT-base step reads 210 MB, which evicts each layer
+    before its next use), so each timed call reads one of enough copies of the weight to fill twice the last-level
+    cache. Timed warm (one copy, in cache), a 512 x 512 layer's two libraries came within noise of each other at 1
+    row and the choice changed from process to process; cold, prepacked streamed at about twice MKL's rate on a
+    Zen 4 (benchmarks/row_products.py)."""
     key = (in_features, out_features, dtype, torch.get_num_threads())
     if key not in _CHOICES:
         g = torch.Generator().manual_seed(0)
@@ -92,11 +116,24 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
         except RuntimeError:  # oneDNN has no kernel for this format here: the plain product it is
             _CHOICES[key] = NEVER
             return NEVER
+        n = min(MAX_COPIES, max(1, -(-2 * _last_cache_bytes() // (weight.numel() * weight.element_size()))))
+        weights = [weight] + [weight.clone() for _ in range(n - 1)]
+        packs = [packed] + [_reorder(w) for w in weights[1:]]
         wins = []
         with torch.inference_mode():
             for rows in ROWS:
                 x = torch.randn(rows, in_features, generator=g).to(dtype)
-                wins.append(_faster(lambda: F.linear(x, weight, bias), lambda: _packed_linear(x, packed, bias)))
+                cold = range(n if rows <= COLD_ROWS else 1)
+
+                def plain():
+                    for i in cold:
+                        F.linear(x, weights[i], bias)
+
+                def fast():
+                    for i in cold:
+                        _packed_linear(x, packs[i], bias)
+
+                wins.append(_faster(plain, fast))
         _CHOICES[key] = tuple(wins)
     return _CHOICES[key]
 
@@ -119,7 +156,11 @@ class Prepacked:
             return F.linear(x, self.weight, self.bias)  # (symbolic rows: traced for export, which needs F.linear)
         if self.packed is None:
             self.packed = _reorder(self.weight.detach())
-        return _packed_linear(x, self.packed, self.bias)
+        if x.dim() == 2:
+            return _packed_linear(x, self.packed, self.bias)
+        # oneDNN's linear takes 3-d rows at a cost of its own (39 against 25 us for one row of 512 x 512, fp32):
+        # given 2-d rows, it is the product alone
+        return _packed_linear(x.reshape(rows, x.shape[-1]), self.packed, self.bias).view(*x.shape[:-1], -1)
 
     @classmethod
     def measured(cls, weight: Tensor, bias: Tensor | None) -> "Prepacked":

@@ -96,7 +96,8 @@ class LayerStack(nn.Module):
         self_mask, cross_mask = layout.self_mask(), layout.cross_mask()
         new = []
         for i, layer in enumerate(self.layers):
-            past = cache.self_kv[i] if cache.self_kv else KVBuffer(x) if cache.preallocated else None
+            past = (cache.self_kv[i] if cache.self_kv else None if not cache.preallocated
+                    else KVBuffer(x.new_empty(0, dtype=layer.self_attn.cache_format(x))))
             out = layer(x, self_mask, cache.cross[i], cross_mask, past=past, self_bias=side.bias, layout=layout,
                         rotary=side.rotary)
             x = out.x  # (N, 1, D)
