@@ -10,8 +10,9 @@ sent the requests one at a time by one client (the baseline: the same server cod
 request's sentences, nothing to batch with), then with the batching settings, sent the same requests by N
 concurrent clients for each N. Each request is 1-8 Multi30k test2016 sentences (seeded). Every answer is
 checked against the baseline's (texts equal, scores within 1e-4): a mismatch or a non-200 counts as failed.
-Reports sentences/s, request latency p50/p99, failures, the server's RSS (start, peak), the model calls
-(from /v1/info) and the throughput ratio to the baseline.
+The baseline's server is also started once with `--warm-up 0`, for the first request's latency without the
+warm-up (notes). Reports sentences/s, request latency p50/p99, failures, the server's RSS (start, peak), the model
+calls (from /v1/info) and the throughput ratio to the baseline.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def start_server(checkpoint: str, *flags: str, repo: Path = ROOT) -> tuple[subpr
     if not match:
         proc.kill()
         sys.exit(f"tformer serve did not start: {line!r}")
+    if "--warm-up" not in flags or flags[flags.index("--warm-up") + 1] != "0":
+        proc.stdout.readline()  # "warmed up with batches of ...": from here on it answers at once
     return proc, f"http://127.0.0.1:{match.group(1)}"
 
 
@@ -164,12 +167,16 @@ def main() -> None:
     bodies = requests(sentences, args.requests, args.beam, args.seed)
     n_sentences = sum(len(b["src"]) for b in bodies)
 
-    proc, url = start_server(args.checkpoint, "--max-wait-ms", "0", "--batch-tokens", str(args.batch_tokens))
-    try:  # the baseline: one client, one request at a time; its answers are the reference
-        post(url, bodies[0])  # warm-up
-        base = run_clients(url, bodies, 1, proc.pid)
-    finally:
-        stop_server(proc)
+    first = {}  # the first request's latency, to a server warmed up (the default) and to one not
+    for warm in ("0", "64"):
+        proc, url = start_server(args.checkpoint, "--max-wait-ms", "0", "--batch-tokens", str(args.batch_tokens),
+                                 "--warm-up", warm)
+        try:  # the baseline: one client, one request at a time; its answers are the reference
+            first[warm] = post(url, bodies[0])[2]
+            if warm != "0":
+                base = run_clients(url, bodies, 1, proc.pid)
+        finally:
+            stop_server(proc)
     reference = [answers(out) if status == 200 else None for status, out, _ in base["results"]]
     base_rate = n_sentences / base["wall"]
 
@@ -207,7 +214,9 @@ def main() -> None:
              f"`--max-wait-ms {args.max_wait_ms} --batch-tokens {args.batch_tokens}`. 'one by one': the same "
              "server code with --max-wait-ms 0, one client sending the requests in turn (each model call is one "
              "request's sentences); its answers are the reference every other answer is checked against (texts "
-             f"equal, scores within 1e-4). Server RSS {rss_start:.0f} MiB after start-up, {rss_end:.0f} MiB at the "
+             f"equal, scores within 1e-4). The first request ({len(bodies[0]['src'])} sentences) to a server just "
+             f"started took {first['64']:.3f} s warmed up (`--warm-up 64`, the default) and {first['0']:.3f} s not "
+             f"(`--warm-up 0`). Server RSS {rss_start:.0f} MiB after start-up, {rss_end:.0f} MiB at the "
              f"end. Failed (non-200 or different answers): {failures}.")
     report("tformer serve: cross-request batching under concurrent load (loopback)", table, notes, args.record)
     sys.exit(1 if failures else 0)

@@ -665,3 +665,28 @@ def test_served_from_another_folder_with_the_corpus_out_of_reach_the_data_cache_
     after = {p.relative_to(cache): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
     assert sorted(after) == sorted(before)
     assert all(after[p] == before[p] for p in before)
+
+
+def test_the_server_warms_each_batch_size_up_to_its_setting_before_answering(translator, monkeypatch):
+    """Settings.warm_up = N: batches of 1, 2, 4, .. and N made-up sentences are decoded before serving (each at
+    the checkpoint's beam: N x beam rows reach the decoder), their seconds in /v1/info; 0 warms nothing; a bad
+    value names --warm-up. Oracle: the row counts the decoder's step is called with."""
+    assert Settings(warm_up=20).warm_up_sizes() == [1, 2, 4, 8, 16, 20]
+    assert Settings(warm_up=16).warm_up_sizes() == [1, 2, 4, 8, 16] and Settings(warm_up=0).warm_up_sizes() == []
+    for bad in (-1, 257, 2.5, True):
+        with pytest.raises(tformer.ConfigError, match="--warm-up"):
+            Settings(warm_up=bad)
+    rows = []
+    step = translator.model.decode_step
+    monkeypatch.setattr(translator.model, "decode_step", lambda tokens, *a, **k: rows.append(tokens.shape[0])
+                        or step(tokens, *a, **k))
+    beam = translator.config.decode.beam_size if translator.config.decode.strategy == "beam" else 1
+    with live(translator, warm_up=6) as (srv, url):
+        assert rows == []  # not before it is asked
+        warmed = srv.warm_up()
+        assert list(warmed) == [1, 2, 4, 6] and all(s > 0 for s in warmed.values())
+        assert {n * beam for n in warmed} <= set(rows) and max(rows) == 6 * beam
+        assert call(url, "/v1/info")[1]["warm_up_seconds"].keys() == {"1", "2", "4", "6"}
+    rows.clear()
+    with live(translator, warm_up=0) as (srv, url):
+        assert srv.warm_up() == {} and rows == []

@@ -50,7 +50,7 @@ from tformer.errors import ConfigError, DataError
 from tformer import plan as plans_
 from tformer import streams
 from tformer.plan import Decoding, Extras, Plan
-from tformer.inference import BatchType, Source, batching, model_from, score_ids, translate_ids
+from tformer.inference import WARM_UP, BatchType, Source, batching, model_from, score_ids, translate_ids, warm_up
 from tformer.inspection import attention_maps, check_alignment, hard_alignments, token_labels
 from tformer.model.ensemble import Ensemble
 from tformer.shortlist import Shortlist
@@ -203,6 +203,11 @@ class Translator:
                                       batch_type=batch_type, return_attention=return_attention, alignment=alignment,
                                       alignment_layer=alignment_layer, alignment_heads=alignment_heads,
                                       **settings)], cancelled)[0]
+
+    def warm_up(self, sentences: Sequence[int] = WARM_UP) -> dict[int, float]:
+        """Decode a made-up batch of each size, so the first request pays nothing once per shape; seconds per size
+        (tformer.inference.warm_up)."""
+        return warm_up(self.model, self.config.decode, sentences)
 
     def prepare(self, sources: Sequence[Any], *, prefix: Sequence[str | None] | None = None, beam: int | None = None,
                 nbest: int | None = None, batch_size: int | None = None, batch_type: BatchType = "examples",

@@ -19,8 +19,10 @@ the result is then None, and the other sentences' results stay what they would h
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
+import time
 from typing import Callable, Literal, Sequence
 
 import torch
@@ -228,3 +230,21 @@ def load_model(path: str, which: str = "best", overrides: Sequence[str] = (),
     check_inference_overrides(list(overrides))
     ckpt = open_checkpoint(path, which=which, overrides=list(overrides))
     return ckpt, model_from(ckpt, device)
+
+
+WARM_UP = (1, 2, 4, 8, 16, 32, 64)  # the batch sizes a server warms by default (tformer.model.matmul.ROWS' counts)
+
+
+def warm_up(model: Transformer, cfg: DecodeConfig, sentences: Sequence[int] = WARM_UP) -> dict[int, float]:
+    """Decode a short made-up batch of each size in `sentences`, a few positions, with the search `cfg` describes,
+    so that what a model does once per shape (oneDNN's products plan each row count at its first call) is done
+    before the first real request; the seconds each size took. A server calls it before it answers."""
+    frames = model.cfg.source == "features"
+    source: Source = torch.zeros(8, model.cfg.feature_dim) if frames else list(range(4, 12))
+    short = dataclasses.replace(cfg, max_len_a=0.0, max_len_b=4, min_len=0, batch_tokens=0, shortlist=None)
+    seconds = {}
+    for n in sentences:
+        tic = time.perf_counter()
+        translate_ids(model, [source] * n, dataclasses.replace(short, batch_size=n))
+        seconds[n] = time.perf_counter() - tic
+    return seconds

@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
                    "fill a batch (default 5; 0: decode what is queued at once)")
     g.add_argument("--batch-tokens", type=int, default=4096, help="padded source tokens (sentences x longest) per "
                    "model call, also decode.batch_tokens (default 4096)")
+    g.add_argument("--warm-up", type=int, default=64, metavar="SENTENCES", help="before answering, decode made-up "
+                   "batches of 1, 2, 4, .. up to this many sentences, so no request pays what the model does once per "
+                   "shape (default 64; 0: none)")
     common.number_format(g)
     g = sp.add_argument_group("limits (each refused with a status naming it)")
     g.add_argument("--max-sentences", type=int, default=64, help="sentences per request (default 64)")
@@ -68,6 +71,7 @@ def settings(args: argparse.Namespace):
                     max_queue=args.max_queue, timeout=args.timeout, max_wait_ms=args.max_wait_ms,
                     batch_tokens=args.batch_tokens, max_connections=args.max_connections,
                     header_timeout=args.header_timeout, body_timeout=args.body_timeout, api_key=args.api_key,
+                    warm_up=args.warm_up,
                     glossary=Glossary.read(args.glossary) if args.glossary else None)
 
 
@@ -86,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     server = Server(translator, args.host, args.port, chosen)
     print(f"tformer serve: serving {translator.path} at {server.url}  (Ctrl-C or SIGTERM stops)", flush=True)
+    warmed = server.warm_up()  # requests that come meanwhile wait in the socket's backlog, /v1/health too
+    if warmed:
+        print(f"tformer serve: warmed up with batches of {', '.join(map(str, warmed))} sentences in "
+              f"{sum(warmed.values()):.1f} s (--warm-up); answering", flush=True)
     server.run()
     print("tformer serve: stopped", flush=True)
     return 0

@@ -9,8 +9,8 @@ prepacked ran 1.1-2.7x faster from 8 rows (benchmarks/RESULTS.md). So each disti
 is timed both ways at the row counts 1, 2, 4, ..., 256, once per process, and a product of M rows runs on the
 library that won at the count timed nearest to M. A rule "prepacked from the count where it wins for good"
 was too coarse: on an AMD EPYC (Zen 3, AVX2) prepacked ran the 512 x 512 .. 2048 products 1.2-1.4x as fast as
-MKL at 8-32 rows but lost at 128-256, so greedy steps of 32 sentences ran on MKL. The prepacked copy is made at
-the first product that uses it (never, where prepacked never wins), and costs the layer's weight size again
+MKL at 8-32 rows but lost at 128-256, so greedy steps of 32 sentences ran on MKL. The prepacked copy is made when
+a layer is put on the measured choice (never, where prepacked never wins), and costs the layer's weight size again
 in memory (the plain weight stays: tied embeddings read it, and the counts where MKL won use it).
 
 Both libraries compute in the weights' format and accumulate in fp32, but in different orders: a layer's
@@ -140,22 +140,22 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
 
 class Prepacked:
     """y = x W^T + b on the measured choice: x of M rows (all dimensions but the last) through oneDNN with W
-    prepacked (packed at the first such call) where the prepacked product won at the row count timed nearest
-    to M (`wins`, per count of ROWS), through F.linear elsewhere. Inference only: with gradients enabled, or
-    traced with a symbolic row count (an export), it is F.linear."""
+    prepacked (packed when made, where any count wins) where the prepacked product won at the row count timed
+    nearest to M (`wins`, per count of ROWS), through F.linear elsewhere. Inference only: with gradients enabled,
+    or traced with a symbolic row count (an export), it is F.linear."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, wins: Wins) -> None:
         if len(wins) != len(ROWS):
             raise ValueError(f"wins has {len(wins)} entries, one per count of ROWS ({len(ROWS)}) expected")
         self.weight, self.bias, self.wins = weight, bias, tuple(wins)
-        self.packed: Tensor | None = None
+        # packed now where any row count will use it: at the first product it cost a first request 130 ms (an
+        # OPUS-MT-base model's 207 MB reordered)
+        self.packed: Tensor | None = _reorder(weight.detach()) if any(self.wins) else None
 
     def __call__(self, x: Tensor) -> Tensor:
         rows = x.numel() // x.shape[-1]
         if torch.is_grad_enabled() or not isinstance(rows, int) or not self.wins[nearest(rows)]:
             return F.linear(x, self.weight, self.bias)  # (symbolic rows: traced for export, which needs F.linear)
-        if self.packed is None:
-            self.packed = _reorder(self.weight.detach())
         if x.dim() == 2:
             return _packed_linear(x, self.packed, self.bias)
         # oneDNN's linear takes 3-d rows at a cost of its own (39 against 25 us for one row of 512 x 512, fp32):

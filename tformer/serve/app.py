@@ -88,6 +88,7 @@ class Service:
         self.explorer = explorer
         self.batcher = Batcher(settings.max_wait_ms / 1000, settings.batch_tokens, settings.max_queue)
         self.started = time.time()
+        self.warmed: dict[int, float] = {}  # batch size -> seconds, by Server.warm_up
 
     def routes(self) -> list[Route]:
         e = self._endpoint
@@ -195,6 +196,7 @@ class Service:
             "limits": self.settings.limits(), "api_key_required": self.settings.api_key is not None,
             "batching": {"max_wait_ms": self.settings.max_wait_ms, "batch_tokens": self.settings.batch_tokens,
                          "max_queue": self.settings.max_queue, **self.batcher.snapshot()},
+            "warm_up_seconds": {str(n): round(s, 3) for n, s in self.warmed.items()},
         })
 
     def _translate_job(self, req: TranslateRequest) -> Job:
@@ -407,6 +409,12 @@ class Server:
                                 log_level="warning", access_log=False, server_header=False, timeout_keep_alive=5,
                                 timeout_graceful_shutdown=int(settings.timeout) + 5)
         self.uvicorn = uvicorn.Server(config)
+
+    def warm_up(self) -> dict[int, float]:
+        """Decode made-up batches of the sizes Settings.warm_up asks for (Translator.warm_up), before `run`; the
+        seconds per size, also in /v1/info."""
+        self.service.warmed = self.service.translator.warm_up(self.service.settings.warm_up_sizes())
+        return self.service.warmed
 
     @property
     def url(self) -> str:

@@ -54,6 +54,7 @@ class Settings:
     max_wait_ms: float = 5.0  # how long the model worker waits for more requests to fill a batch
     batch_tokens: int = 4096  # padded source tokens (sentences x longest) in one model call
     max_connections: int = 256  # open connections; the next one is answered 503
+    warm_up: int = 64  # before serving, decode made-up batches of 1, 2, 4, .. up to this many sentences; 0: none
     api_key: str | None = field(default=None, repr=False)  # needed on every route but /v1/health, /languages
     glossary: Glossary | None = field(default=None, repr=False)  # terms every translation must keep (--glossary)
 
@@ -63,6 +64,9 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{flag(name)} must be a whole number >= 1, got {value!r}")
+        if isinstance(self.warm_up, bool) or not isinstance(self.warm_up, int) or not 0 <= self.warm_up <= 256:
+            raise ConfigError(f"{flag('warm_up')} must be a whole number of sentences from 0 to 256, got "
+                              f"{self.warm_up!r}")
         for name in ("timeout", "header_timeout", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -74,6 +78,11 @@ class Settings:
                               f"({self.max_sentences}): a full request must fit in the queue")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ConfigError("the API key (--api-key, TFORMER_API_KEY) must be a non-empty string")
+
+    def warm_up_sizes(self) -> list[int]:
+        """The batch sizes warmed before serving: 1, 2, 4, .. up to `warm_up` (and it)."""
+        sizes = [n for n in (1 << i for i in range(9)) if n < self.warm_up]
+        return sizes + [self.warm_up] if self.warm_up else []
 
     def limits(self) -> dict[str, Any]:
         """The limits and batching settings a client may read (/v1/info); never the API key."""
