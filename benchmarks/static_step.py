@@ -1,9 +1,12 @@
 """How much a decoding step could gain from a fixed-capacity cache: tformer's eager step beside a lean functional
 step of the same weights (keys and values written into preallocated (capacity) tensors at a position held in a
 tensor, the self-attention masked over the capacity, the source padded to a bucket), eager and under
-torch.compile. A measurement for issue 45's "cut Python work per step", before building it into the library.
+torch.compile: whole (inductor's own products), and the glue alone around tformer's products, which the compiler
+sees as opaque custom ops (`opaque`), with or without inductor's cpp_wrapper (`--cpp-wrapper`). A measurement for
+issues 45 and 64 ("cut Python work per step", "compile what wins"), before building any of it into the library.
 
     python benchmarks/static_step.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--steps 24] [--rounds 3]
+                                     [--cpp-wrapper]
 
 Post-norm Marian-shaped models only (the OPUS-MT-base shape of benchmarks/decoding_peers.py): the functional
 step is written for that architecture. Its logits are checked against tformer's `decode_step` at every step
@@ -50,6 +53,31 @@ def weights(model, products: bool = False) -> dict:
                 heads=model.cfg.n_heads, eps=model.cfg.layer_norm_eps, generator=model.generator if products else None)
 
 
+_OPAQUE: list = []  # products the compiler sees as one opaque call each (`opaque`), by index
+
+
+@torch.library.custom_op("tformer_bench::product", mutates_args=())
+def _product(x: torch.Tensor, index: int) -> torch.Tensor:
+    return _OPAQUE[index](x)
+
+
+@_product.register_fake
+def _(x, index):
+    return x.new_empty(*x.shape[:-1], _OPAQUE[index].weight.shape[0])
+
+
+def opaque(w: dict) -> dict:
+    """w (with products) whose products are opaque custom ops: torch.compile fuses the glue around them and
+    calls tformer's own products (its measured matrix library) unchanged."""
+    def wrap(fn):
+        _OPAQUE.append(fn)
+        index = len(_OPAQUE) - 1
+        return lambda x: _product(x, index)
+
+    layers = [dict(p, fn={k: wrap(f) for k, f in p["fn"].items()}) for p in w["layers"]]
+    return dict(w, layers=layers, generator=wrap(w["generator"]))
+
+
 def _linear(p: dict, name: str, x, rows: slice | None = None):
     if "fn" in p:
         return p["fn"]["cross_attn.q" if rows is not None else name](x)
@@ -91,6 +119,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity", type=int, default=64)
     ap.add_argument("--bucket", type=int, default=16, help="sources padded to a multiple of this")
+    ap.add_argument("--cpp-wrapper", action="store_true", help="inductor's cpp_wrapper: the compiled step calls its "
+                    "kernels from C++ instead of Python")
     args = ap.parse_args()
     folder = opus_base_folder(Path(tempfile.mkdtemp()) / "opus-base") if args.opus_base else Path(args.folder)
     translator = tformer.load(folder, device="cpu")
@@ -111,7 +141,10 @@ def main() -> None:
     import torch._inductor.config as inductor
 
     inductor.freezing = True
+    inductor.cpp_wrapper = args.cpp_wrapper
     compiled = torch.compile(lean_step, dynamic=False)
+    w_opaque = opaque(w_packed)
+    glue = torch.compile(lean_step, dynamic=False, fullgraph=True)
     for B in args.batch_size:
         batch = sources[:B]
         S = math.ceil(max(map(len, batch)) / args.bucket) * args.bucket
@@ -153,9 +186,14 @@ def main() -> None:
             tic = time.perf_counter()
             run_lean(compiled)
             compile_s = time.perf_counter() - tic
+            tic = time.perf_counter()
+            run_lean(lambda _, *a: glue(w_opaque, *a))
+            glue_s = time.perf_counter() - tic
+            compile_times = {"lean compiled": compile_s, "lean compiled glue, tformer's products": glue_s}
             variants = {"tformer eager": run_eager_tformer, "lean eager": lambda: run_lean(lean_step),
                         "lean eager, tformer's products": lambda: run_lean(lambda _, *a: lean_step(w_packed, *a)),
-                        "lean compiled": lambda: run_lean(compiled)}
+                        "lean compiled": lambda: run_lean(compiled),
+                        "lean compiled glue, tformer's products": lambda: run_lean(lambda _, *a: glue(w_opaque, *a))}
             times = {k: [] for k in variants}
             for r in range(args.rounds):
                 for name in list(variants)[r % len(variants):] + list(variants)[: r % len(variants)]:
@@ -164,7 +202,7 @@ def main() -> None:
                     times[name].append((time.perf_counter() - tic) / args.steps * 1000)
         for name in variants:
             print(f"| {B} | {name} | {statistics.median(times[name]):.2f} | "
-                  f"{f'{compile_s:.0f}' if name == 'lean compiled' else ''} |")
+                  f"{f'{compile_times[name]:.0f}' if name in compile_times else ''} |")
         print(f"(batch {B}: lean step's logits within {worst:.2e} of tformer's)")
 
 

@@ -360,9 +360,19 @@ def test_few_rows_are_timed_on_weights_read_cold_and_many_rows_on_one_weight(mon
     want = [(10, 10) if rows <= matmul.COLD_ROWS else (1, 1) for rows in matmul.ROWS for _ in range(2)]
     assert passes == want
     passes.clear()
+    matmul.measure(48, 200, torch.float32, cold=False)  # a model that fits in the cache: timed warm, as it runs
+    assert passes == [(1, 1)] * 2 * len(matmul.ROWS)
+    passes.clear()
     monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: 1 << 40)  # a huge cache: MAX_COPIES at most
     matmul.measure(48, 201, torch.float32)
     assert passes[0] == (matmul.MAX_COPIES, matmul.MAX_COPIES)
+    # prepack(model) times cold when the model's linear weights (here 2 x 48 x 200 x 4 bytes) exceed the cache
+    for cache, cold in ((48 * 200 * 4, True), (1 << 20, False)):
+        asked = []
+        monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: cache)
+        monkeypatch.setattr(matmul, "measure", lambda i, o, d, c=True: asked.append(c) or matmul.NEVER)
+        matmul.prepack(torch.nn.Sequential(torch.nn.Linear(48, 200), torch.nn.Linear(200, 48)).eval())
+        assert asked == [cold, cold]
 
 
 def test_the_last_level_cache_size_is_read_from_the_system():

@@ -80,14 +80,15 @@ class MultiHeadAttention(nn.Module):
         rows = self._rows(part)
         return F.linear(x, self.in_proj.weight[rows], self.in_proj.bias[rows])
 
-    def prepack(self) -> None:
+    def prepack(self, cold: bool = True) -> None:
         """Run the "q" and "kv" parts on the matrix library measured fastest for their shapes
         (tformer.model.matmul; "qkv" is in_proj, an nn.Linear, which `prepack` converts as any other): for
-        inference on a CPU, with the weights in their final format. Their weights stay views of in_proj's."""
+        inference on a CPU, with the weights in their final format, timed `cold` or not as the model's size asks
+        (matmul.prepack). Their weights stay views of in_proj's."""
         from tformer.model.matmul import Prepacked
 
         self.prepacked = {part: Prepacked.measured(self.in_proj.weight[self._rows(part)],
-                                                   self.in_proj.bias[self._rows(part)]) for part in ("q", "kv")}
+                                                   self.in_proj.bias[self._rows(part)], cold) for part in ("q", "kv")}
 
     def quantize_int8(self) -> None:
         """Replace the in-projection by one dynamic int8 layer per part (PyTorch's quantization: int8 weights

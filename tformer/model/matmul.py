@@ -95,18 +95,19 @@ COLD_ROWS = 8  # up to this row count a product streams its weights from memory 
 MAX_COPIES = 256
 
 
-def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
+def measure(in_features: int, out_features: int, dtype: torch.dtype, cold: bool = True) -> Wins:
     """Per count of ROWS, whether the prepacked product beat the plain one on random data of this shape and
     format; all False (NEVER) where oneDNN cannot pack this format here (bf16 on a CPU with neither AVX-512 nor
     AVX-NE-CONVERT). Cached per process.
 
-    Up to COLD_ROWS rows the weights are timed cold, as a decoding step reads them: a step of a few sentences
-    streams every layer's weights from memory once (an OPUS-MT-base step reads 210 MB, which evicts each layer
-    before its next use), so each timed call reads one of enough copies of the weight to fill twice the last-level
-    cache. Timed warm (one copy, in cache), a 512 x 512 layer's two libraries came within noise of each other at 1
+    With `cold` (a model whose weights do not fit in the last-level cache), up to COLD_ROWS rows the weights are
+    timed cold, as a decoding step reads them: a step of a few sentences streams every layer's weights from memory
+    once (an OPUS-MT-base step reads 207 MB, which evicts each layer before its next use), so each timed call
+    reads one of enough copies of the weight to fill twice the last-level cache. A model that fits in the cache
+    (a d-128 student: 9 MB) is timed warm, as its step reads it. Timed warm (one copy, in cache), a 512 x 512 layer's two libraries came within noise of each other at 1
     row and the choice changed from process to process; cold, prepacked streamed at about twice MKL's rate on a
     Zen 4 (benchmarks/row_products.py)."""
-    key = (in_features, out_features, dtype, torch.get_num_threads())
+    key = (in_features, out_features, dtype, torch.get_num_threads(), cold)
     if key not in _CHOICES:
         g = torch.Generator().manual_seed(0)
         weight = (torch.randn(out_features, in_features, generator=g) * 0.02).to(dtype)
@@ -123,14 +124,14 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype) -> Wins:
         with torch.inference_mode():
             for rows in ROWS:
                 x = torch.randn(rows, in_features, generator=g).to(dtype)
-                cold = range(n if rows <= COLD_ROWS else 1)
+                copies = range(n if cold and rows <= COLD_ROWS else 1)
 
                 def plain():
-                    for i in cold:
+                    for i in copies:
                         F.linear(x, weights[i], bias)
 
                 def fast():
-                    for i in cold:
+                    for i in copies:
                         _packed_linear(x, packs[i], bias)
 
                 wins.append(_faster(plain, fast))
@@ -163,21 +164,21 @@ class Prepacked:
         return _packed_linear(x.reshape(rows, x.shape[-1]), self.packed, self.bias).view(*x.shape[:-1], -1)
 
     @classmethod
-    def measured(cls, weight: Tensor, bias: Tensor | None) -> "Prepacked":
+    def measured(cls, weight: Tensor, bias: Tensor | None, cold: bool = True) -> "Prepacked":
         out_features, in_features = weight.shape
         return cls(weight.detach(), None if bias is None else bias.detach(),
-                   measure(in_features, out_features, weight.dtype))
+                   measure(in_features, out_features, weight.dtype, cold))
 
 
 class PrepackedLinear(nn.Linear):
     """An nn.Linear (the same Parameters: its state dict, and a tied embedding, are unchanged) whose forward
     runs on the measured choice (`Prepacked`)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, cold: bool = True) -> None:
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.run = Prepacked.measured(linear.weight, linear.bias)
+        self.run = Prepacked.measured(linear.weight, linear.bias, cold)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.run(x)
@@ -187,13 +188,16 @@ def prepack(model: nn.Module) -> nn.Module:
     """Put every nn.Linear of `model` (on the CPU, in eval mode, its weights in their final format) and every
     attention's in-projection parts on the measured choice, in place; nothing where `available()` is False.
     Returns the model. A module with linear products of its own (MultiHeadAttention's in-projection parts) does
-    them in its `prepack()` method."""
+    them in its `prepack(cold)` method. The products are timed cold (`measure`) when the model's linear weights
+    do not fit in the last-level cache."""
     if not available() or next(model.parameters()).device.type != "cpu":
         return model
+    linears = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
+    cold = sum(w.numel() * w.element_size() for w in linears.values()) > _last_cache_bytes()
     for module in list(model.modules()):
         if callable(getattr(module, "prepack", None)):
-            module.prepack()
+            module.prepack(cold)
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, PrepackedLinear(child))
+                setattr(module, name, PrepackedLinear(child, cold))
     return model
