@@ -25,6 +25,7 @@ class KVBuffer:
         self.t, self.rows, self.heads, self.head_dim = 0, 0, 0, 0
         self._capacity = capacity
         self._stores: list[Tensor] = []  # two flat tensors, the current one first
+        self._buffer: Tensor | None = None  # (capacity, 2, N, H, Dh): the current store's view, made when it changes
 
     def _view(self, store: Tensor, capacity: int, rows: int) -> Tensor:
         return store[: capacity * 2 * rows * self.heads * self.head_dim].view(capacity, 2, rows, self.heads,
@@ -40,39 +41,41 @@ class KVBuffer:
     @property
     def data(self) -> Tensor:
         """(t, 2, N, H, Dh): the positions decoded."""
-        return self._view(self._stores[0], self._capacity, self.rows)[: self.t]
+        return self._buffer[: self.t]
 
     @property
     def keys(self) -> Tensor:
-        return self.data[:, 0].permute(1, 2, 0, 3)  # (N, H, t, Dh)
+        return self._buffer[: self.t, 0].permute(1, 2, 0, 3)  # (N, H, t, Dh)
 
     @property
     def values(self) -> Tensor:
-        return self.data[:, 1].permute(1, 2, 0, 3)
+        return self._buffer[: self.t, 1].permute(1, 2, 0, 3)
 
     def __iter__(self):  # k, v = buffer
         return iter((self.keys, self.values))
 
     def append(self, k: Tensor, v: Tensor) -> KV:
         """k, v (N, H, 1, Dh) of the new position -> the keys and values of every position, (N, H, t+1, Dh)."""
-        N, H, _, Dh = k.shape
-        if not self._stores:
+        if self._buffer is None:
+            N, H, _, Dh = k.shape
             self.rows, self.heads, self.head_dim = N, H, Dh
-            self._store(0, self._capacity * 2 * N * H * Dh)
+            self._buffer = self._view(self._store(0, self._capacity * 2 * N * H * Dh), self._capacity, N)
         elif self.t == self._capacity:  # full: double it, keeping what is there
-            old = self.data
+            old, N = self.data, self.rows
             self._capacity *= 2
             self._stores.reverse()
-            self._view(self._store(0, self._capacity * 2 * N * H * Dh), self._capacity, N)[: self.t] = old
-        buf = self._view(self._stores[0], self._capacity, N)
-        buf[self.t, 0] = k[:, :, 0]
-        buf[self.t, 1] = v[:, :, 0]
+            self._buffer = self._view(self._store(0, self._capacity * 2 * N * self.heads * self.head_dim),
+                                      self._capacity, N)
+            self._buffer[: self.t] = old
+        position = self._buffer[self.t]  # (2, N, H, Dh)
+        position[0].copy_(k.squeeze(2))
+        position[1].copy_(v.squeeze(2))
         self.t += 1
         return self.keys, self.values
 
     def reorder(self, rows: Tensor) -> "KVBuffer":
         """Keep, reorder or repeat hypotheses: row i becomes old row rows[i]."""
-        if self._stores:
+        if self._buffer is not None:
             n, width, old = rows.shape[0], self.heads * self.head_dim, self.rows
             target = self._store(1, self._capacity * 2 * n * width)
             # one gather along the first dimension (the fast one) of the (t * 2 * N, H * Dh) rows
@@ -81,4 +84,5 @@ class KVBuffer:
             torch.index_select(source, 0, index, out=target[: self.t * 2 * n * width].view(-1, width))
             self._stores.reverse()
             self.rows = n
+            self._buffer = self._view(self._stores[0], self._capacity, n)
         return self
