@@ -405,3 +405,49 @@ def test_a_bf16_step_caches_what_attention_reads_and_computes_the_same_logits(ki
             tokens = got.argmax(-1)
         if kind != "universal":  # (its steps cache keys of their own making)
             assert {k.dtype for k, _ in cache.self_kv} == {want_format}
+
+
+def test_the_choices_are_saved_and_a_later_process_reads_them_instead_of_timing(monkeypatch, tmp_path):
+    """prepack saves the choices it timed (one file per CPU and torch version, under $TFORMER_CACHE); a later
+    process (nothing in memory) takes them from the file and times nothing; a damaged file, or an entry not well
+    formed, is timed again and saved anew. Oracle: the choices given by a fake timing, and whether it is asked."""
+    if not matmul.available():
+        pytest.skip("no oneDNN prepacked linear in this build")
+    import json
+
+    monkeypatch.setenv("TFORMER_CACHE", str(tmp_path))
+    timed = []
+
+    def new_process(faster):
+        monkeypatch.setattr(matmul, "_CHOICES", {})
+        monkeypatch.setattr(matmul, "_READ", set())
+        monkeypatch.setattr(matmul, "_faster", faster)
+
+    def fake(plain, fast, repeats=5):  # prepacked wins at every other count
+        timed.append(1)
+        return len(timed) % 2 == 0
+
+    def model():
+        return matmul.prepack(torch.nn.Sequential(torch.nn.Linear(48, 200), torch.nn.Linear(200, 48)).eval())
+
+    new_process(fake)
+    model()
+    first = dict(matmul._CHOICES)
+    threads = torch.get_num_threads()
+    saved = json.loads(matmul.saved_path().read_text(encoding="utf-8"))
+    assert matmul.saved_path().parent == tmp_path / "matmul" and len(timed) == 2 * len(matmul.ROWS)
+    assert saved == {f"{i},{o},float32,{threads},warm": list(first[(i, o, torch.float32, threads, False)])
+                     for i, o in ((48, 200), (200, 48))}
+    assert {w for wins in first.values() for w in wins} == {True, False}
+
+    new_process(lambda *a, **k: pytest.fail("timed again, though the choices were saved"))
+    again = model()
+    assert matmul._CHOICES == first and again[0].run.wins == first[(48, 200, torch.float32, threads, False)]
+
+    for damage in ("{not json", json.dumps({**saved, f"48,200,float32,{threads},warm": [True]})):
+        matmul.saved_path().write_text(damage, encoding="utf-8")
+        timed.clear()
+        new_process(fake)
+        model()
+        assert len(timed) == (2 if damage.startswith("{not") else 1) * len(matmul.ROWS)  # only what was unusable
+        assert set(json.loads(matmul.saved_path().read_text(encoding="utf-8"))) == set(saved)

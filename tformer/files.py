@@ -1,4 +1,4 @@
-"""Writing files so that a crash, a full disk or Ctrl-C never leaves half of one."""
+"""Writing files so that a crash, a full disk or Ctrl-C never leaves half of one; where tformer keeps its caches."""
 
 from __future__ import annotations
 
@@ -8,6 +8,14 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from tformer.errors import DataError
+
+
+def cache_dir() -> Path:
+    """$TFORMER_CACHE, else $XDG_CACHE_HOME/tformer, else ~/.cache/tformer."""
+    if os.environ.get("TFORMER_CACHE"):
+        return Path(os.environ["TFORMER_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tformer"
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from tformer.config import DataConfig
 from tformer.data.prepare import identity, identity_key, prepare, source_inputs
 from tformer.data.prepared import DamagedCorpusError, PreparedCorpus, read_manifest
 from tformer.data.tokenizer import Tokenizer
-from tformer.data.translation import cache_dir
+from tformer.files import cache_dir
 from tformer.errors import DataError
 
 log = logging.getLogger("tformer")

@@ -292,7 +292,7 @@ def prepared_features(cfg: DataConfig, feature_dim: int, splits: Iterable[str], 
     where a split is missing or its recordings changed (by size or modification time): a corpus is prepared
     once per machine."""
     from tformer.data.prepare import _locked
-    from tformer.data.translation import cache_dir
+    from tformer.files import cache_dir
 
     splits = list(splits)
     ident = identity(cfg, feature_dim)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 from tformer.config import DataConfig
@@ -17,14 +16,6 @@ from tformer.data.tokenizer import SubwordTokenizer, train_sentencepiece
 from tformer.errors import DataError
 
 log = logging.getLogger("tformer")
-
-def cache_dir() -> Path:
-    """$TFORMER_CACHE, else $XDG_CACHE_HOME/tformer, else ~/.cache/tformer."""
-    if os.environ.get("TFORMER_CACHE"):
-        return Path(os.environ["TFORMER_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tformer"
-
 
 def _file_for(folder: Path, prefix: str, lang: str) -> Path:
     plain = folder / f"{prefix}.{lang}"

@@ -18,11 +18,19 @@ output can differ in the last bits between the two, so the choice is made per sh
 and within a process a sentence's result does not depend on its batch beyond those bits (the batch decides
 the row count). TFORMER_PREPACK=0 keeps PyTorch's own choice everywhere.
 
+The choices are saved (`saved_path()`: under $TFORMER_CACHE, one file per CPU model and flags and torch version)
+and read back by later processes on the same machine, so a model loads without timing anything once its shapes
+have been timed (an OPUS-MT-base model: 6 s less), and every process decodes on the same libraries. Delete the
+file to time them again.
+
     prepack(model)    every nn.Linear, and every attention in-projection's parts, on the measured choice
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import math
 import os
 import statistics
@@ -33,11 +41,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tformer.files import cache_dir, replace_atomically
+
+log = logging.getLogger("tformer")
+
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the row counts timed (powers of two): one sentence's greedy step
 # up to a beam over a batch
 NEVER = (False,) * len(ROWS)
 Wins = tuple[bool, ...]  # per count of ROWS: whether the prepacked product beat the plain one there
-_CHOICES: dict[tuple[int, int, torch.dtype, int], Wins] = {}  # (in, out, dtype, threads) -> wins, per process
+Key = tuple[int, int, torch.dtype, int, bool]  # (in, out, dtype, threads, timed cold)
+_CHOICES: dict[Key, Wins] = {}  # per process, and saved (saved_path)
+_READ: set[Path] = set()  # the saved files read into _CHOICES in this process
 
 
 def available() -> bool:
@@ -184,14 +198,65 @@ class PrepackedLinear(nn.Linear):
         return self.run(x)
 
 
+def saved_path() -> Path:
+    """The file this machine's choices are saved in: one per CPU (its model name and flags) and torch version."""
+    cpu = ""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = "|".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
+    except OSError:
+        pass
+    key = hashlib.sha256(f"{cpu}|{os.uname().machine}|{torch.__version__}".encode()).hexdigest()[:16]
+    return cache_dir() / "matmul" / f"choices-{key}.json"
+
+
+def _name(key: Key) -> str:
+    i, o, dtype, threads, cold = key
+    return f"{i},{o},{str(dtype).removeprefix('torch.')},{threads},{'cold' if cold else 'warm'}"
+
+
+def _read_saved(path: Path) -> None:
+    """The choices saved in `path` into _CHOICES (where this process has none yet); nothing from a missing or
+    unreadable file, or from its entries that are not well formed (those shapes are timed again, and saved)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        items = saved.items() if isinstance(saved, dict) else ()
+    except (OSError, ValueError):
+        return
+    for name, wins in items:
+        try:
+            i, o, dtype, threads, cold = name.split(",")
+            key = (int(i), int(o), getattr(torch, dtype), int(threads), {"cold": True, "warm": False}[cold])
+        except (ValueError, AttributeError, KeyError):
+            continue
+        if (isinstance(key[2], torch.dtype) and isinstance(wins, list) and len(wins) == len(ROWS)
+                and all(isinstance(w, bool) for w in wins)):
+            _CHOICES.setdefault(key, tuple(wins))
+
+
+def _save(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replace_atomically(path) as f:
+            json.dump({_name(k): list(w) for k, w in sorted(_CHOICES.items(), key=lambda kw: _name(kw[0]))}, f)
+    except OSError as e:  # a cache: decoding goes on, and the next process times again
+        log.warning("matmul: could not save the product libraries' choices to %s (%s)", path, e)
+
+
 def prepack(model: nn.Module) -> nn.Module:
     """Put every nn.Linear of `model` (on the CPU, in eval mode, its weights in their final format) and every
     attention's in-projection parts on the measured choice, in place; nothing where `available()` is False.
     Returns the model. A module with linear products of its own (MultiHeadAttention's in-projection parts) does
     them in its `prepack(cold)` method. The products are timed cold (`measure`) when the model's linear weights
-    do not fit in the last-level cache."""
+    do not fit in the last-level cache. Choices saved by an earlier process on this machine are used, and new
+    ones saved (`saved_path`)."""
     if not available() or next(model.parameters()).device.type != "cpu":
         return model
+    path = saved_path()
+    if path not in _READ:
+        _READ.add(path)
+        _read_saved(path)
+    known, tic = len(_CHOICES), time.perf_counter()
     linears = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
     cold = sum(w.numel() * w.element_size() for w in linears.values()) > _last_cache_bytes()
     for module in list(model.modules()):
@@ -200,4 +265,8 @@ def prepack(model: nn.Module) -> nn.Module:
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, name, PrepackedLinear(child, cold))
+    if len(_CHOICES) > known:
+        log.info("matmul: timed the product libraries for %d shapes in %.1f s; saved to %s", len(_CHOICES) - known,
+                 time.perf_counter() - tic, path)
+        _save(path)
     return model
