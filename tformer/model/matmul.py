@@ -6,15 +6,16 @@ uses: `mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`) is faster for
 on a Xeon with AMX, prepacked fp32 ran a 512 -> 58k product 1.4-2x as fast as MKL from 4 rows up, while at 1-8
 rows MKL ran the 512 x 512 products in half the time; on an AMD EPYC (Zen 4), whose MKL has no fast path,
 prepacked ran 1.1-2.7x faster from 8 rows (benchmarks/RESULTS.md). So each distinct (in, out, format) shape
-is timed both ways at the row counts 1, 2, 4, ..., 256, once per process, and a product of M rows runs on the
-library that won at the count timed nearest to M. A rule "prepacked from the count where it wins for good"
-was too coarse: on an AMD EPYC (Zen 3, AVX2) prepacked ran the 512 x 512 .. 2048 products 1.2-1.4x as fast as
-MKL at 8-32 rows but lost at 128-256, so greedy steps of 32 sentences ran on MKL. The prepacked copy is made when
-a layer is put on the measured choice (never, where prepacked never wins), and costs the layer's weight size again
-in memory (the plain weight stays: tied embeddings read it, and the counts where MKL won use it).
+is timed both ways at the row counts 1, 2, 4, ..., 256, once per machine (saved: below), and a product of M
+rows runs on the library that won at the count timed nearest to M. A rule "prepacked from the count where it
+wins for good" was too coarse: on an AMD EPYC (Zen 3, AVX2) prepacked ran the 512 x 512 .. 2048 products
+1.2-1.4x as fast as MKL at 8-32 rows but lost at 128-256, so greedy steps of 32 sentences ran on MKL. The
+prepacked copy is made when a layer is put on the measured choice (never, where prepacked never wins), and
+costs the layer's weight size again in memory (the plain weight stays: tied embeddings read it, and the counts
+where MKL won use it).
 
 Both libraries compute in the weights' format and accumulate in fp32, but in different orders: a layer's
-output can differ in the last bits between the two, so the choice is made per shape for the whole process,
+output can differ in the last bits between the two, so the choice is made per shape for every process,
 and within a process a sentence's result does not depend on its batch beyond those bits (the batch decides
 the row count). TFORMER_PREPACK=0 keeps PyTorch's own choice everywhere.
 
@@ -118,9 +119,9 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype, cold: bool 
     timed cold, as a decoding step reads them: a step of a few sentences streams every layer's weights from memory
     once (an OPUS-MT-base step reads 207 MB, which evicts each layer before its next use), so each timed call
     reads one of enough copies of the weight to fill twice the last-level cache. A model that fits in the cache
-    (a d-128 student: 9 MB) is timed warm, as its step reads it. Timed warm (one copy, in cache), a 512 x 512 layer's two libraries came within noise of each other at 1
-    row and the choice changed from process to process; cold, prepacked streamed at about twice MKL's rate on a
-    Zen 4 (benchmarks/row_products.py)."""
+    (a d-128 student: 9 MB) is timed warm, as its step reads it. Timed warm (one copy, in cache), a 512 x 512
+    layer's two libraries came within noise of each other at 1 row and the choice changed from process to process;
+    cold, prepacked streamed at about twice MKL's rate on a Zen 4 (benchmarks/row_products.py)."""
     key = (in_features, out_features, dtype, torch.get_num_threads(), cold)
     if key not in _CHOICES:
         g = torch.Generator().manual_seed(0)
