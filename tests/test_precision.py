@@ -451,3 +451,23 @@ def test_the_choices_are_saved_and_a_later_process_reads_them_instead_of_timing(
         model()
         assert len(timed) == (2 if damage.startswith("{not") else 1) * len(matmul.ROWS)  # only what was unusable
         assert set(json.loads(matmul.saved_path().read_text(encoding="utf-8"))) == set(saved)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_warm_up_decodes_every_model_kind_with_each_search(kind, monkeypatch):
+    """tformer.inference.warm_up (what `tformer serve` runs before answering) decodes a made-up batch of each size
+    for any model kind (speech: frames) and search: the decoder's step sees size x beam rows."""
+    from tformer.inference import warm_up
+
+    torch.manual_seed(0)
+    model = on_device(build_model(ModelConfig(**{**BASE, **KINDS[kind]}), 30, 30).eval())
+    rows = []
+    step = model.decode_step
+    monkeypatch.setattr(model, "decode_step", lambda tokens, *a, **k: rows.append(tokens.shape[0]) or step(tokens, *a,
+                                                                                                             **k))
+    for cfg, k in ((DecodeConfig(), 1), (DecodeConfig(strategy="beam", beam_size=3), 3),
+                   (DecodeConfig(strategy="sample", seed=1), 1)):
+        rows.clear()
+        seconds = warm_up(model, cfg, (1, 3))
+        assert list(seconds) == [1, 3] and all(s > 0 for s in seconds.values())
+        assert {1 * k, 3 * k} <= set(rows) and max(rows) == 3 * k
