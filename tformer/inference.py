@@ -232,7 +232,13 @@ def load_model(path: str, which: str = "best", overrides: Sequence[str] = (),
     return ckpt, model_from(ckpt, device)
 
 
-WARM_UP = (1, 2, 4, 8, 16, 32, 64)  # the batch sizes a server warms by default (tformer.model.matmul.ROWS' counts)
+def warm_up_sizes(largest: int) -> list[int]:
+    """The batch sizes a warm-up decodes: 1, 2, 4, .. up to `largest` (and it); none for 0."""
+    sizes = [n for n in (1 << i for i in range(largest.bit_length())) if n < largest]
+    return sizes + [largest] if largest else []
+
+
+WARM_UP = tuple(warm_up_sizes(64))  # the batch sizes a server warms by default
 
 
 def warm_up(model: Transformer, cfg: DecodeConfig, sentences: Sequence[int] = WARM_UP) -> dict[int, float]:

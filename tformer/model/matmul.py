@@ -29,6 +29,7 @@ file to time them again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -94,6 +95,7 @@ def nearest(rows: int) -> int:
     return _NEAREST[rows] if rows < len(_NEAREST) else len(ROWS) - 1
 
 
+@functools.cache
 def _last_cache_bytes() -> int:
     """The size of this CPU's largest cache (its last level), from sysfs; 32 MiB where it cannot be read."""
     sizes = []
@@ -132,14 +134,15 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype, cold: bool 
         except RuntimeError:  # oneDNN has no kernel for this format here: the plain product it is
             _CHOICES[key] = NEVER
             return NEVER
-        n = min(MAX_COPIES, max(1, -(-2 * _last_cache_bytes() // (weight.numel() * weight.element_size()))))
+        bytes_ = weight.numel() * weight.element_size()
+        n = min(MAX_COPIES, max(1, -(-2 * _last_cache_bytes() // bytes_))) if cold else 1  # copies timed in turn
         weights = [weight] + [weight.clone() for _ in range(n - 1)]
         packs = [packed] + [_reorder(w) for w in weights[1:]]
         wins = []
         with torch.inference_mode():
             for rows in ROWS:
                 x = torch.randn(rows, in_features, generator=g).to(dtype)
-                copies = range(n if cold and rows <= COLD_ROWS else 1)
+                copies = range(n if rows <= COLD_ROWS else 1)
 
                 def plain():
                     for i in copies:
@@ -199,16 +202,21 @@ class PrepackedLinear(nn.Linear):
         return self.run(x)
 
 
-def saved_path() -> Path:
-    """The file this machine's choices are saved in: one per CPU (its model name and flags) and torch version."""
+@functools.cache
+def _machine_key() -> str:
+    """This CPU (its model name and flags) and torch version, hashed."""
     cpu = ""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu = "|".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
     except OSError:
         pass
-    key = hashlib.sha256(f"{cpu}|{os.uname().machine}|{torch.__version__}".encode()).hexdigest()[:16]
-    return cache_dir() / "matmul" / f"choices-{key}.json"
+    return hashlib.sha256(f"{cpu}|{os.uname().machine}|{torch.__version__}".encode()).hexdigest()[:16]
+
+
+def saved_path() -> Path:
+    """The file this machine's choices are saved in: one per CPU (its model name and flags) and torch version."""
+    return cache_dir() / "matmul" / f"choices-{_machine_key()}.json"
 
 
 def _name(key: Key) -> str:

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from tformer.api import Translator
 from tformer.documents.glossary import Glossary
 from tformer.errors import ConfigError, TformerError
+from tformer.inference import warm_up_sizes
 
 SCORE_FIELDS = ("src", "tgt", "timeout")
 
@@ -81,8 +82,7 @@ class Settings:
 
     def warm_up_sizes(self) -> list[int]:
         """The batch sizes warmed before serving: 1, 2, 4, .. up to `warm_up` (and it)."""
-        sizes = [n for n in (1 << i for i in range(9)) if n < self.warm_up]
-        return sizes + [self.warm_up] if self.warm_up else []
+        return warm_up_sizes(self.warm_up)
 
     def limits(self) -> dict[str, Any]:
         """The limits and batching settings a client may read (/v1/info); never the API key."""
