@@ -112,12 +112,12 @@ def main() -> None:
             return zeros[shape]
 
         def rest(n: int) -> None:
-            call = matmul.Prepacked.__call__
-            matmul.Prepacked.__call__ = no_product
+            call = matmul.Product.__call__
+            matmul.Product.__call__ = no_product
             try:
                 steps(n)
             finally:
-                matmul.Prepacked.__call__ = call
+                matmul.Product.__call__ = call
 
         variants = {
             "ct2": lambda n: run_ct2(tokens, n, B),

@@ -212,26 +212,30 @@ def test_the_command_line_flag_is_the_config_key():
     assert "decode.precision=bf16" in common.decode_overrides(args)
 
 
+@pytest.mark.parametrize("library", ["prepacked", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
+def test_each_library_computes_f_linear_and_keeps_the_parameters(dtype, library):
     if not matmul.available():
         pytest.skip("no oneDNN prepacked linear in this build")
     torch.manual_seed(0)
-    linear = torch.nn.Linear(48, 200).to(dtype)
+    linear = torch.nn.Linear(50, 200).to(dtype)
+    product = matmul.Product(linear.weight.detach(), linear.bias.detach(), (library,) * len(matmul.ROWS))
     try:
-        matmul._reorder(linear.weight.detach())
-        wins = (True,) * len(matmul.ROWS)
-    except RuntimeError:  # oneDNN has no kernel for this format here (bf16 under ONEDNN_MAX_CPU_ISA=AVX2): the
-        wins = matmul.NEVER  # measured choice never packs it, and the products below are F.linear's
-        assert matmul.measure(48, 200, dtype) == wins
-    packed = matmul.Prepacked(linear.weight.detach(), linear.bias.detach(), wins)
+        matmul.LIBRARIES[library].ready(linear.weight.detach())
+        assert product.choice == (library,) * len(matmul.ROWS)
+    except RuntimeError:  # no kernel for this format here (bf16 under ONEDNN_MAX_CPU_ISA=AVX2; bf16 in the rows
+        assert product.choice == matmul.PLAIN  # kernel): the products below are F.linear's
+    assert library in product.choice or dtype == torch.bfloat16  # fp32: every library runs (the rows kernel built)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     with torch.inference_mode():
-        for shape in ((1, 48), (7, 48), (3, 5, 48)):
+        # 12 rows: the rows kernel's 8 then 4; 50 inputs: its 3 x 16 lanes, then 2
+        for shape in ((1, 50), (7, 50), (3, 5, 50), (12, 50), (300, 50), (2, 0, 50)):
             x = torch.randn(shape).to(dtype)
-            torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), **tol)
-    x = torch.randn(3, 48, dtype=dtype, requires_grad=True)  # with gradients on: the plain product, which has one
-    packed(x).sum().backward()
+            torch.testing.assert_close(product(x), F.linear(x, linear.weight, linear.bias), **tol)
+        x = torch.randn(50, 6).to(dtype).T  # rows that are not contiguous
+        torch.testing.assert_close(product(x), F.linear(x, linear.weight, linear.bias), **tol)
+    x = torch.randn(3, 50, dtype=dtype, requires_grad=True)  # with gradients on: the plain product, which has one
+    product(x).sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
     # a model keeps its state dict and its tied generator
     model = build_model(ModelConfig(**BASE), 30, 30).eval()
@@ -239,7 +243,7 @@ def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
     matmul.prepack(model)
     assert list(model.state_dict()) == keys
     assert model.generator.weight is model.tgt_embed.tokens.weight
-    assert isinstance(model.generator, matmul.PrepackedLinear)
+    assert isinstance(model.generator, matmul.MeasuredLinear)
     from tformer.attention import MultiHeadAttention
 
     attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
@@ -250,8 +254,8 @@ def test_prepacked_products_equal_f_linear_and_keep_the_parameters(dtype):
 
 
 def test_a_format_onednn_cannot_pack_here_is_never_prepacked(monkeypatch):
-    """oneDNN refuses to pack bf16 on a CPU without AVX-512 or AVX-NE-CONVERT (an AVX2 EPYC): the measured
-    choice is then the plain product, and a layer of that format runs as F.linear."""
+    """oneDNN refuses to pack bf16 on a CPU without AVX-512 or AVX-NE-CONVERT (an AVX2 EPYC), and the rows kernel
+    takes fp32 only: the measured choice is then the plain product, and a layer of that format runs as F.linear."""
     if not matmul.available():
         pytest.skip("no oneDNN prepacked linear in this build")
 
@@ -260,12 +264,12 @@ def test_a_format_onednn_cannot_pack_here_is_never_prepacked(monkeypatch):
 
     monkeypatch.setattr(matmul, "_CHOICES", {})
     monkeypatch.setattr(matmul, "_reorder", refuse)
-    assert matmul.measure(48, 200, torch.bfloat16) == matmul.NEVER
-    linear = torch.nn.Linear(48, 200)
-    run = matmul.Prepacked.measured(linear.weight, linear.bias)
+    assert matmul.measure(48, 200, torch.bfloat16) == matmul.PLAIN
+    linear = torch.nn.Linear(48, 200).bfloat16()
+    run = matmul.Product.measured(linear.weight, linear.bias)
     with torch.inference_mode():
-        x = torch.randn(300, 48)
-        assert torch.equal(run(x), F.linear(x, linear.weight, linear.bias)) and run.packed is None
+        x = torch.randn(300, 48).bfloat16()
+        assert torch.equal(run(x), F.linear(x, linear.weight, linear.bias)) and run.ready == {}
 
 
 def test_a_burst_of_load_during_the_timing_does_not_choose_the_slower_library(monkeypatch):
@@ -284,45 +288,54 @@ def test_a_burst_of_load_during_the_timing_does_not_choose_the_slower_library(mo
                 clock[0] += cost * (10 if burst_at <= n[0] < burst_at + 4 else 1)
             return fn
 
-        assert matmul._faster(call(2.0), call(1.0)), burst_at  # fast costs 1, plain 2
-        assert not matmul._faster(call(1.0), call(2.0)), burst_at
+        assert matmul._fastest({"plain": call(2.0), "fast": call(1.0)}) == "fast", burst_at  # fast costs 1, plain 2
+        assert matmul._fastest({"plain": call(1.0), "fast": call(2.0)}) == "plain", burst_at
+        assert matmul._fastest({"a": call(3.0), "b": call(2.0), "c": call(1.5)}) == "c", burst_at
 
 
 def test_each_row_count_runs_on_the_library_that_won_nearest_to_it(monkeypatch):
-    """The rule, on given times: a product of M rows is prepacked where prepacked won at the count timed
-    nearest to M (log scale), whatever it did at other counts; each shape is measured once per process."""
+    """The rule, on given times: a product of M rows runs on the library that won at the count timed nearest to M
+    (log scale), whatever won at other counts; the rows kernel is timed up to COLD_ROWS rows only; each shape is
+    measured once per process. Oracle: the winners a fake timing names, and which library each product calls."""
     if not matmul.available():
         pytest.skip("no oneDNN prepacked linear in this build")
-    calls = []
+    offered = []
 
-    def fake(wins_at):
-        def faster(plain, fast, repeats=5):  # asked for each of ROWS in order
-            calls.append(fast)
-            return matmul.ROWS[(len(calls) - 1) % len(matmul.ROWS)] in wins_at
-        return faster
+    def fake(winners):
+        def fastest(calls, repeats=5):  # asked for each of ROWS in order
+            offered.append(set(calls))
+            return winners[matmul.ROWS[len(offered) - 1]]
+        return fastest
 
     assert [matmul.nearest(m) for m in (1, 2, 3, 5, 6, 11, 12, 22, 24, 32, 300, 5000)] == [0, 1, 2, 2, 3, 3, 4, 4, 5,
                                                                                              5, 8, 8]
     linear = torch.nn.Linear(8, 12)
-    for wins_at in ({8, 16, 32}, {1, 2, 256}, set(), set(matmul.ROWS)):  # wins in the middle only, at the ends
-        calls.clear()
+    rows_up_to_8 = ("rows",) * 4
+    for choice in (rows_up_to_8 + ("prepacked",) * 3 + ("plain",) * 2,  # the three, as on a Zen 4
+                   ("plain", "prepacked", "rows", "plain", "prepacked", "plain", "plain", "plain", "prepacked"),
+                   matmul.PLAIN, ("prepacked",) * len(matmul.ROWS)):
+        offered.clear()
         monkeypatch.setattr(matmul, "_CHOICES", {})
-        monkeypatch.setattr(matmul, "_faster", fake(wins_at))
-        want = tuple(r in wins_at for r in matmul.ROWS)
-        assert matmul.measure(8, 12, torch.float32) == want, wins_at
-        assert matmul.measure(8, 12, torch.float32) == want and len(calls) == len(matmul.ROWS)  # cached
-        run = matmul.Prepacked.measured(linear.weight, linear.bias)
+        monkeypatch.setattr(matmul, "_fastest", fake(dict(zip(matmul.ROWS, choice))))
+        assert matmul.measure(8, 12, torch.float32) == choice
+        assert offered == [set(matmul.LIBRARIES) if r <= matmul.COLD_ROWS else {"plain", "prepacked"}
+                           for r in matmul.ROWS]
+        assert matmul.measure(8, 12, torch.float32) == choice and len(offered) == len(matmul.ROWS)  # cached
         used = []
-        monkeypatch.setattr(matmul, "_packed_linear", lambda x, packed, bias: used.append(x.shape[0]) or x[:, :1])
+        for name in ("prepacked", "rows"):
+            monkeypatch.setitem(matmul.LIBRARIES, name, dataclasses.replace(
+                matmul.LIBRARIES[name], run=lambda x, w, b, name=name: used.append((name, x.shape[0])) or x[:, :1]))
+        run = matmul.Product.measured(linear.weight, linear.bias)
         with torch.inference_mode():
             for m in (1, 3, 12, 24, 40, 200, 600):
                 run(torch.randn(m, 8))
-        assert used == [m for m in (1, 3, 12, 24, 40, 200, 600) if matmul.ROWS[matmul.nearest(m)] in wins_at]
-        assert (run.packed is None) == (not used)  # no packed copy where prepacked never ran
+        assert used == [(choice[matmul.nearest(m)], m) for m in (1, 3, 12, 24, 40, 200, 600)
+                        if choice[matmul.nearest(m)] != "plain"]
+        assert set(run.ready) == set(choice) - {"plain"}  # no prepacked copy where prepacked never runs
         monkeypatch.undo()
     monkeypatch.setenv("TFORMER_PREPACK", "0")
     model = build_model(ModelConfig(**BASE), 30, 30).eval()
-    assert not any(isinstance(m, matmul.PrepackedLinear) for m in matmul.prepack(model).modules())
+    assert not any(isinstance(m, matmul.MeasuredLinear) for m in matmul.prepack(model).modules())
 
 
 def test_few_rows_are_timed_on_weights_read_cold_and_many_rows_on_one_weight(monkeypatch):
@@ -335,42 +348,36 @@ def test_few_rows_are_timed_on_weights_read_cold_and_many_rows_on_one_weight(mon
     cache_bytes = 48 * 200 * 4 * 5  # twice this: 10 copies of a 48 -> 200 fp32 weight
     monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: cache_bytes)
     monkeypatch.setattr(matmul, "_CHOICES", {})
-    seen: dict[str, list] = {"plain": [], "fast": []}
+    seen: dict[str, list] = {name: [] for name in matmul.LIBRARIES}
+    for name, library in matmul.LIBRARIES.items():  # each library's product, recording which weight each call reads
+        monkeypatch.setitem(matmul.LIBRARIES, name, dataclasses.replace(
+            library, run=lambda x, w, b, name=name, run=library.run: seen[name].append(id(w)) or run(x, w, b)))
+    passes: list[tuple[str, int, int]] = []
 
-    class Spy:  # F.linear and the prepacked product, recording which weight each call reads
-        @staticmethod
-        def linear(x, weight, bias=None):
-            seen["plain"].append(weight.data_ptr())
-            return F.linear(x, weight, bias)
-
-    real_packed = matmul._packed_linear
-    monkeypatch.setattr(matmul, "F", Spy)
-    monkeypatch.setattr(matmul, "_packed_linear", lambda x, p, b: seen["fast"].append(id(p)) or real_packed(x, p, b))
-    passes: list[tuple[int, int, int]] = []
-
-    def faster(plain, fast, repeats=5):
-        for fn, name in ((plain, "plain"), (fast, "fast")):
+    def fastest(calls, repeats=5):
+        for name, fn in calls.items():
             seen[name].clear()
             fn()
-            passes.append((len(seen[name]), len(set(seen[name]))))
-        return True
+            passes.append((name, len(seen[name]), len(set(seen[name]))))
+        return "plain"
 
-    monkeypatch.setattr(matmul, "_faster", faster)
+    monkeypatch.setattr(matmul, "_fastest", fastest)
     matmul.measure(48, 200, torch.float32)
-    want = [(10, 10) if rows <= matmul.COLD_ROWS else (1, 1) for rows in matmul.ROWS for _ in range(2)]
+    want = [(name, 10, 10) if rows <= matmul.COLD_ROWS else (name, 1, 1) for rows in matmul.ROWS
+            for name in matmul.LIBRARIES if rows <= matmul.LIBRARIES[name].most_rows]
     assert passes == want
     passes.clear()
     matmul.measure(48, 200, torch.float32, cold=False)  # a model that fits in the cache: timed warm, as it runs
-    assert passes == [(1, 1)] * 2 * len(matmul.ROWS)
+    assert [p[1:] for p in passes] == [(1, 1)] * len(want)
     passes.clear()
     monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: 1 << 40)  # a huge cache: MAX_COPIES at most
     matmul.measure(48, 201, torch.float32)
-    assert passes[0] == (matmul.MAX_COPIES, matmul.MAX_COPIES)
+    assert passes[0] == ("plain", matmul.MAX_COPIES, matmul.MAX_COPIES)
     # prepack(model) times cold when the model's linear weights (here 2 x 48 x 200 x 4 bytes) exceed the cache
     for cache, cold in ((48 * 200 * 4, True), (1 << 20, False)):
         asked = []
         monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: cache)
-        monkeypatch.setattr(matmul, "measure", lambda i, o, d, c=True: asked.append(c) or matmul.NEVER)
+        monkeypatch.setattr(matmul, "measure", lambda i, o, d, c=True: asked.append(c) or matmul.PLAIN)
         matmul.prepack(torch.nn.Sequential(torch.nn.Linear(48, 200), torch.nn.Linear(200, 48)).eval())
         assert asked == [cold, cold]
 
@@ -418,14 +425,14 @@ def test_the_choices_are_saved_and_a_later_process_reads_them_instead_of_timing(
     monkeypatch.setenv("TFORMER_CACHE", str(tmp_path))
     timed = []
 
-    def new_process(faster):
+    def new_process(fastest):
         monkeypatch.setattr(matmul, "_CHOICES", {})
         monkeypatch.setattr(matmul, "_READ", set())
-        monkeypatch.setattr(matmul, "_faster", faster)
+        monkeypatch.setattr(matmul, "_fastest", fastest)
 
-    def fake(plain, fast, repeats=5):  # prepacked wins at every other count
+    def fake(calls, repeats=5):  # prepacked and the rows kernel win in turn, plain where they are not timed
         timed.append(1)
-        return len(timed) % 2 == 0
+        return ("prepacked", "rows")[len(timed) % 2] if "rows" in calls else "plain"
 
     def model():
         return matmul.prepack(torch.nn.Sequential(torch.nn.Linear(48, 200), torch.nn.Linear(200, 48)).eval())
@@ -438,13 +445,16 @@ def test_the_choices_are_saved_and_a_later_process_reads_them_instead_of_timing(
     assert matmul.saved_path().parent == tmp_path / "matmul" and len(timed) == 2 * len(matmul.ROWS)
     assert saved == {f"{i},{o},float32,{threads},warm": list(first[(i, o, torch.float32, threads, False)])
                      for i, o in ((48, 200), (200, 48))}
-    assert {w for wins in first.values() for w in wins} == {True, False}
+    assert {name for choice in first.values() for name in choice} == set(matmul.LIBRARIES)
 
     new_process(lambda *a, **k: pytest.fail("timed again, though the choices were saved"))
     again = model()
-    assert matmul._CHOICES == first and again[0].run.wins == first[(48, 200, torch.float32, threads, False)]
+    assert matmul._CHOICES == first and again[0].run.choice == first[(48, 200, torch.float32, threads, False)]
 
-    for damage in ("{not json", json.dumps({**saved, f"48,200,float32,{threads},warm": [True]})):
+    old = [True] * len(matmul.ROWS)  # the form saved before the rows kernel: whether prepacked won
+    for damage in ("{not json", json.dumps({**saved, f"48,200,float32,{threads},warm": ["rows"]}),
+                   json.dumps({**saved, f"48,200,float32,{threads},warm": ["fastest"] * len(matmul.ROWS)}),
+                   json.dumps({**saved, f"48,200,float32,{threads},warm": old})):
         matmul.saved_path().write_text(damage, encoding="utf-8")
         timed.clear()
         new_process(fake)

@@ -23,7 +23,7 @@ from tformer.errors import ConfigError, DataError
 from tformer.inference import translate_ids
 from tformer.model import build_model
 from tformer.model.ensemble import Ensemble
-from tformer.model.matmul import Prepacked, PrepackedLinear
+from tformer.model.matmul import MeasuredLinear, Product
 from tformer.model.output import restricted_linear
 from tformer import shortlist as shortlist_module
 from tformer.shortlist import SPECIALS, Shortlist, build_shortlist, restrict
@@ -73,13 +73,14 @@ def whole(translator, first: int | None = None) -> Shortlist:
 # ------------------------------------------------------------------------------------------ the projection
 
 
-@pytest.mark.parametrize("form", ["plain", "prepacked", "int8"])
+@pytest.mark.parametrize("form", ["plain", "prepacked", "rows", "int8"])
 def test_the_restricted_projection_is_the_full_projections_columns(form):
     torch.manual_seed(0)
     linear = torch.nn.Linear(24, 50)
-    if form == "prepacked":  # the prepacked product at every row count
-        linear = PrepackedLinear(linear)
-        linear.run = Prepacked(linear.weight.detach(), linear.bias.detach(), (True,) * 9)
+    if form in ("prepacked", "rows"):  # that library at every row count
+        linear = MeasuredLinear(linear)
+        linear.run = Product(linear.weight.detach(), linear.bias.detach(), (form,) * 9)
+        assert linear.run.choice == (form,) * 9
     if form == "int8":
         linear = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                         dtype=torch.qint8)[0]

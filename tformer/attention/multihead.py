@@ -85,9 +85,9 @@ class MultiHeadAttention(nn.Module):
         (tformer.model.matmul; "qkv" is in_proj, an nn.Linear, which `prepack` converts as any other): for
         inference on a CPU, with the weights in their final format, timed `cold` or not as the model's size asks
         (matmul.prepack). Their weights stay views of in_proj's."""
-        from tformer.model.matmul import Prepacked
+        from tformer.model.matmul import Product
 
-        self.prepacked = {part: Prepacked.measured(self.in_proj.weight[self._rows(part)],
+        self.prepacked = {part: Product.measured(self.in_proj.weight[self._rows(part)],
                                                    self.in_proj.bias[self._rows(part)], cold) for part in ("q", "kv")}
 
     def quantize_int8(self) -> None:

@@ -4,8 +4,8 @@
     logits = project(hidden)                              # (N, K): exactly the full projection's columns `ids`
 
 Whatever form the generator has by then: a plain or tied nn.Linear (fp32, bf16, fp16), one on the measured matrix
-library (tformer.model.matmul.PrepackedLinear: the rows run on the library it measured faster for the full
-shape, oneDNN's prepacked product or MKL's), or PyTorch's dynamic int8 Linear (decode.quantize=int8). The int8
+library (tformer.model.matmul.MeasuredLinear: the rows run on the library it measured fastest for the full
+shape: oneDNN's prepacked product, MKL's or the rows kernel), or PyTorch's dynamic int8 Linear (decode.quantize=int8). The int8
 rows keep the full layer's weight scale, and the input is quantised per call as the full layer does it, so the
 restricted product equals the full one's columns. The rows are copied once per batch (K x D values), not per step;
 an int8 layer's weights are unpacked once per layer (`_unpacked`), not per batch.
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tformer.model.matmul import Prepacked, PrepackedLinear
+from tformer.model.matmul import MeasuredLinear, Product
 
 Projection = Callable[[Tensor], Tensor]
 
@@ -41,8 +41,8 @@ def restricted_linear(linear: nn.Module, ids: Tensor) -> Projection:
         raise TypeError(f"cannot restrict an output layer of type {type(linear).__name__}")
     weight = linear.weight.detach().index_select(0, ids)
     bias = None if linear.bias is None else linear.bias.detach().index_select(0, ids)
-    if isinstance(linear, PrepackedLinear):  # the library the full layer measured faster, at each row count
-        return Prepacked(weight, bias, linear.run.wins)
+    if isinstance(linear, MeasuredLinear):  # the library the full layer measured fastest, at each row count
+        return Product(weight, bias, linear.run.choice)
     return lambda x: F.linear(x, weight, bias)
 
 
