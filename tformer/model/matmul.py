@@ -5,9 +5,9 @@ Three libraries can run a linear layer's product (`LIBRARIES`):
     plain       F.linear: PyTorch sends fp32 to MKL, and bf16/fp16 to oneDNN, which reorders the weight at every call
     prepacked   oneDNN with the weight reordered once into its blocked layout (the ops inductor's CPU path uses:
                 `mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`)
-    rows        a product of a few rows compiled on this machine (rows.c, fp32): each thread streams one range of
-                the weight's rows once; offered up to COLD_ROWS rows, where a decoding step is bound by how fast
-                its weights come from memory
+    rows        a product of a few rows compiled on this machine (rows.c; fp32 and bf16 weights): each thread
+                streams one range of the weight's rows once; offered up to COLD_ROWS rows, where a decoding step
+                is bound by how fast its weights come from memory
 
 None wins everywhere. On a Xeon with AMX, prepacked fp32 ran a 512 -> 58k product 1.4-2x as fast as MKL from
 4 rows up, while at 1-8 rows MKL ran the 512 x 512 products in half the time; on an AMD EPYC (Zen 4), whose MKL
@@ -104,10 +104,10 @@ def _openmp_runtime() -> str | None:
 
 
 @functools.cache
-def rows_kernel() -> Callable | None:
-    """rows.c's `rows_linear_f32`, compiled on this machine (`$CC`, else cc; -O3 -march=native, with PyTorch's
-    OpenMP runtime) into $TFORMER_CACHE/kernels, once per machine and source; None, logged, where it cannot be
-    built or loaded."""
+def rows_kernel() -> dict[torch.dtype, Callable] | None:
+    """rows.c's functions per weight format (fp32, bf16), compiled on this machine (`$CC`, else cc; -O3
+    -march=native, with PyTorch's OpenMP runtime) into $TFORMER_CACHE/kernels, once per machine and source; None,
+    logged, where it cannot be built or loaded."""
     runtime = _openmp_runtime()
     compiler = os.environ.get("CC") or "cc"
     flags = ["-O3", "-march=native", "-shared", "-fPIC"]
@@ -128,32 +128,38 @@ def rows_kernel() -> Callable | None:
                 os.replace(tmp, built)
             finally:
                 tmp.unlink(missing_ok=True)
-        function = ctypes.CDLL(str(built)).rows_linear_f32
+        library = ctypes.CDLL(str(built))
+        functions = {torch.float32: library.rows_linear_f32, torch.bfloat16: library.rows_linear_bf16}
     except (OSError, subprocess.SubprocessError, AttributeError) as e:
         detail = getattr(e, "stderr", None) or e
         log.info("matmul: the rows kernel is not built (%s); products of few rows run on oneDNN or MKL",
                  str(detail).strip().splitlines()[-1] if str(detail).strip() else type(e).__name__)
         return None
-    function.restype = None
-    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
-    return function
+    for function in functions.values():
+        function.restype = None
+        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    return functions
 
 
 def _rows_ready(weight: Tensor) -> Tensor:
-    """The weight as the rows kernel reads it (contiguous fp32); RuntimeError where it cannot run it here."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu":
-        raise RuntimeError(f"the rows kernel takes fp32 weights on the CPU, not {weight.dtype} on {weight.device}")
+    """The weight as the rows kernel reads it (contiguous, fp32 or bf16); RuntimeError where it cannot run it
+    here."""
+    if weight.dtype not in (torch.float32, torch.bfloat16) or weight.device.type != "cpu":
+        raise RuntimeError(f"the rows kernel takes fp32 or bf16 weights on the CPU, not {weight.dtype} on "
+                           f"{weight.device}")
     if rows_kernel() is None:
         raise RuntimeError("the rows kernel is not built here")
     return weight.contiguous()
 
 
 def _rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    x = x.contiguous()  # (M, K)
-    y = x.new_empty(x.shape[0], weight.shape[0])  # (M, N)
-    rows_kernel()(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
-                  x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads())
-    return y
+    """x (M, K) times the weight (N, K) summed in fp32 and returned in x's format, as oneDNN does for bf16."""
+    rows = x.float().contiguous()  # (M, K): the very tensor where x is contiguous fp32
+    y = torch.empty(x.shape[0], weight.shape[0])  # (M, N)
+    bias = None if bias is None else bias.float()
+    rows_kernel()[weight.dtype](rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                                y.data_ptr(), x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads())
+    return y.to(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

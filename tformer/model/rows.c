@@ -10,7 +10,9 @@
    Built by matmul.py on the machine that runs it (-O3 -march=native: AVX-512 where the CPU has it, AVX2 or NEON
    elsewhere), with the OpenMP runtime PyTorch itself loaded, so its threads are PyTorch's.
 
-   Shapes: x (M, K), W (N, K), b (N) or NULL, y (M, N); all contiguous float32. */
+   Shapes: x (M, K), W (N, K), b (N) or NULL, y (M, N); all contiguous float32, but for W in bf16
+   (rows_linear_bf16: half the bytes to stream; each value widened to float32 exactly, so it sums as oneDNN's bf16
+   product does, in float32). */
 
 #include <string.h>
 #ifdef _OPENMP
@@ -20,6 +22,8 @@
 #define LANES 16
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef int lanes __attribute__((vector_size(LANES * sizeof(int))));
+typedef unsigned short halves __attribute__((vector_size(LANES * sizeof(unsigned short))));
+typedef unsigned int words __attribute__((vector_size(LANES * sizeof(unsigned int))));
 
 #ifdef __clang__
 #define SHUFFLE(a, ...) __builtin_shufflevector(a, a, __VA_ARGS__)
@@ -35,17 +39,38 @@ static inline float sum_lanes(vec a) {  /* a tree: the rows' sums are independen
   return a[0];
 }
 
-/* Outputs [n0, n1) of M rows; M a constant where inlined, so the rows' accumulators stay in registers. */
-static inline __attribute__((always_inline)) void outputs(const float *x, const float *w, const float *b, float *y,
-                                                          const int M, long K, long N, long n0, long n1) {
+/* W's values i .. i + LANES, as float32 (a bf16 value is the top half of its float32) */
+static inline __attribute__((always_inline)) vec load(const void *w, long i, const int bf16) {
+  vec v;
+  if (bf16) {
+    halves h;
+    memcpy(&h, (const unsigned short *)w + i, sizeof h);
+    words u = __builtin_convertvector(h, words) << 16;
+    memcpy(&v, &u, sizeof v);
+  } else {
+    memcpy(&v, (const float *)w + i, sizeof v);
+  }
+  return v;
+}
+
+static inline __attribute__((always_inline)) float value(const void *w, long i, const int bf16) {
+  if (!bf16) return ((const float *)w)[i];
+  unsigned int u = (unsigned int)((const unsigned short *)w)[i] << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Outputs [n0, n1) of M rows; M and bf16 constants where inlined, so the rows' accumulators stay in registers. */
+static inline __attribute__((always_inline)) void outputs(const float *x, const void *w, const float *b, float *y,
+                                                          const int M, long K, long N, long n0, long n1,
+                                                          const int bf16) {
   const long full = K - K % LANES;
   for (long n = n0; n < n1; n++) {
-    const float *wn = w + n * K;
     vec acc[8];
     for (int m = 0; m < M; m++) acc[m] = (vec){0};
     for (long k = 0; k < full; k += LANES) {
-      vec wv, xv;
-      memcpy(&wv, wn + k, sizeof wv);
+      vec xv, wv = load(w, n * K + k, bf16);
       for (int m = 0; m < M; m++) {
         memcpy(&xv, x + m * K + k, sizeof xv);
         acc[m] += xv * wv;
@@ -53,14 +78,15 @@ static inline __attribute__((always_inline)) void outputs(const float *x, const 
     }
     for (int m = 0; m < M; m++) {
       float s = sum_lanes(acc[m]);
-      for (long k = full; k < K; k++) s += x[m * K + k] * wn[k];
+      for (long k = full; k < K; k++) s += x[m * K + k] * value(w, n * K + k, bf16);
       y[m * N + n] = s + (b ? b[n] : 0.f);
     }
   }
 }
 
 /* Any M: more than 8 rows go 8 at a time (each thread reading its range of W once per 8). */
-void rows_linear_f32(const float *x, const float *w, const float *b, float *y, long M, long K, long N, int threads) {
+static inline __attribute__((always_inline)) void rows_linear(const float *x, const void *w, const float *b, float *y,
+                                                              long M, long K, long N, int threads, const int bf16) {
 #pragma omp parallel num_threads(threads)
   {
 #ifdef _OPENMP
@@ -73,15 +99,24 @@ void rows_linear_f32(const float *x, const float *w, const float *b, float *y, l
       const float *xm = x + m0 * K;
       float *ym = y + m0 * N;
       switch (M - m0) {
-        case 1: outputs(xm, w, b, ym, 1, K, N, n0, n1); break;
-        case 2: outputs(xm, w, b, ym, 2, K, N, n0, n1); break;
-        case 3: outputs(xm, w, b, ym, 3, K, N, n0, n1); break;
-        case 4: outputs(xm, w, b, ym, 4, K, N, n0, n1); break;
-        case 5: outputs(xm, w, b, ym, 5, K, N, n0, n1); break;
-        case 6: outputs(xm, w, b, ym, 6, K, N, n0, n1); break;
-        case 7: outputs(xm, w, b, ym, 7, K, N, n0, n1); break;
-        default: outputs(xm, w, b, ym, 8, K, N, n0, n1); break;
+        case 1: outputs(xm, w, b, ym, 1, K, N, n0, n1, bf16); break;
+        case 2: outputs(xm, w, b, ym, 2, K, N, n0, n1, bf16); break;
+        case 3: outputs(xm, w, b, ym, 3, K, N, n0, n1, bf16); break;
+        case 4: outputs(xm, w, b, ym, 4, K, N, n0, n1, bf16); break;
+        case 5: outputs(xm, w, b, ym, 5, K, N, n0, n1, bf16); break;
+        case 6: outputs(xm, w, b, ym, 6, K, N, n0, n1, bf16); break;
+        case 7: outputs(xm, w, b, ym, 7, K, N, n0, n1, bf16); break;
+        default: outputs(xm, w, b, ym, 8, K, N, n0, n1, bf16); break;
       }
     }
   }
+}
+
+void rows_linear_f32(const float *x, const float *w, const float *b, float *y, long M, long K, long N, int threads) {
+  rows_linear(x, w, b, y, M, K, N, threads, 0);
+}
+
+void rows_linear_bf16(const float *x, const unsigned short *w, const float *b, float *y, long M, long K, long N,
+                      int threads) {
+  rows_linear(x, w, b, y, M, K, N, threads, 1);
 }
