@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,8 +76,10 @@ def main() -> None:
                         sentences=args.sentences, max_len=args.max_len, threads=args.threads,
                         shortlist=args.shortlist,
                         data=str(SHARED_DATA / "multi30k" / "test2016.en.gz"))
+            # each checkout keeps its own cache (the matrix libraries' saved choices: their form may differ)
+            cache = Path(tempfile.gettempdir()) / f"checkout_ab-cache-{which}"
             done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], cwd=repo, capture_output=True,
-                                  text=True, env={**os.environ, "PYTHONPATH": str(repo)})
+                                  text=True, env={**os.environ, "PYTHONPATH": str(repo), "TFORMER_CACHE": str(cache)})
             if done.returncode:
                 sys.exit(f"{which} {precision} failed:\n{done.stderr[-2000:]}")
             for beam, secs in json.loads(done.stdout.strip().splitlines()[-1]).items():

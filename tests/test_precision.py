@@ -387,6 +387,23 @@ def test_few_rows_are_timed_on_weights_read_cold_and_many_rows_on_one_weight(mon
         assert asked == [cold, cold]
 
 
+def test_the_rows_kernel_sums_bf16_in_fp32_and_rounds_once_to_the_nearest():
+    """In bf16 the rows kernel widens rows, weights and bias exactly, sums in fp32 and rounds each output once to
+    the nearest bf16 (NaN stays NaN). Oracle: the same product computed in fp32 by F.linear, then rounded by
+    PyTorch: equal but where the order of the sums moves a value across a rounding boundary (one bf16 step)."""
+    torch.manual_seed(0)
+    for rows, inputs, outputs in ((1, 512, 700), (4, 50, 300), (8, 2048, 64), (11, 24, 50)):
+        x, weight, bias = (torch.randn(rows, inputs).bfloat16(), torch.randn(outputs, inputs).bfloat16(),
+                           torch.randn(outputs).bfloat16())
+        got = matmul._rows_linear(x, matmul._rows_ready(weight), bias)
+        want = F.linear(x.float(), weight.float(), bias.float()).bfloat16()
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        assert (got == want).float().mean() >= 0.99, (rows, inputs, outputs)
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=0)  # elsewhere one step of 8 bits apart
+    x = torch.tensor([[float("nan"), 1.0]]).bfloat16()
+    assert matmul._rows_linear(x, torch.ones(3, 2).bfloat16(), None).isnan().all()
+
+
 def test_the_rows_kernel_is_built_once_per_machine_and_missing_without_a_compiler(monkeypatch, tmp_path, caplog):
     """rows.c is compiled into $TFORMER_CACHE/kernels on first use and loaded from there by later processes (no
     compiler run); with no C compiler the kernel is missing, said in the log, and the chooser times the others.

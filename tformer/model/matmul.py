@@ -136,8 +136,9 @@ def rows_kernel() -> dict[torch.dtype, Callable] | None:
                  str(detail).strip().splitlines()[-1] if str(detail).strip() else type(e).__name__)
         return None
     for function in functions.values():
-        function.restype = None
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    functions[torch.float32].restype = None
+    functions[torch.bfloat16].restype = ctypes.c_int
     return functions
 
 
@@ -153,13 +154,14 @@ def _rows_ready(weight: Tensor) -> Tensor:
 
 
 def _rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x (M, K) times the weight (N, K) summed in fp32 and returned in x's format, as oneDNN does for bf16."""
-    rows = x.float().contiguous()  # (M, K): the very tensor where x is contiguous fp32
-    y = torch.empty(x.shape[0], weight.shape[0])  # (M, N)
-    bias = None if bias is None else bias.float()
-    rows_kernel()[weight.dtype](rows.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                                y.data_ptr(), x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads())
-    return y.to(x.dtype)
+    """x (M, K) times the weight (N, K), in the weight's format (bf16: summed in fp32, rounded once at the end)."""
+    x = x.to(weight.dtype).contiguous()  # (M, K): the very tensor where x is contiguous in that format
+    y = x.new_empty(x.shape[0], weight.shape[0])  # (M, N)
+    bias = None if bias is None else bias.to(weight.dtype)
+    if rows_kernel()[weight.dtype](x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                                   y.data_ptr(), x.shape[0], x.shape[1], weight.shape[0], torch.get_num_threads()):
+        raise MemoryError(f"no memory to widen {x.shape[0]} x {x.shape[1]} bf16 rows")
+    return y
 
 
 @dataclasses.dataclass(frozen=True)

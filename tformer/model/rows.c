@@ -10,10 +10,11 @@
    Built by matmul.py on the machine that runs it (-O3 -march=native: AVX-512 where the CPU has it, AVX2 or NEON
    elsewhere), with the OpenMP runtime PyTorch itself loaded, so its threads are PyTorch's.
 
-   Shapes: x (M, K), W (N, K), b (N) or NULL, y (M, N); all contiguous float32, but for W in bf16
-   (rows_linear_bf16: half the bytes to stream; each value widened to float32 exactly, so it sums as oneDNN's bf16
-   product does, in float32). */
+   Shapes: x (M, K), W (N, K), b (N) or NULL, y (M, N), all contiguous; all float32 (rows_linear_f32) or all bf16
+   (rows_linear_bf16: half the bytes to stream; each value widened to float32 exactly and summed in float32, and
+   y rounded to the nearest bf16, as oneDNN's bf16 product does). */
 
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -61,8 +62,20 @@ static inline __attribute__((always_inline)) float value(const void *w, long i, 
   return f;
 }
 
-/* Outputs [n0, n1) of M rows; M and bf16 constants where inlined, so the rows' accumulators stay in registers. */
-static inline __attribute__((always_inline)) void outputs(const float *x, const void *w, const float *b, float *y,
+static inline __attribute__((always_inline)) void store(void *y, long i, float f, const int bf16) {
+  if (!bf16) {
+    ((float *)y)[i] = f;
+    return;
+  }
+  unsigned int u;
+  memcpy(&u, &f, sizeof u);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : u + 0x7fffu + ((u >> 16) & 1u);  /* NaN; else to nearest even */
+  ((unsigned short *)y)[i] = (unsigned short)(u >> 16);
+}
+
+/* Outputs [n0, n1) of M rows (x widened to float32 already); M and bf16 constants where inlined, so the rows'
+   accumulators stay in registers. */
+static inline __attribute__((always_inline)) void outputs(const float *x, const void *w, const void *b, void *y,
                                                           const int M, long K, long N, long n0, long n1,
                                                           const int bf16) {
   const long full = K - K % LANES;
@@ -79,13 +92,13 @@ static inline __attribute__((always_inline)) void outputs(const float *x, const 
     for (int m = 0; m < M; m++) {
       float s = sum_lanes(acc[m]);
       for (long k = full; k < K; k++) s += x[m * K + k] * value(w, n * K + k, bf16);
-      y[m * N + n] = s + (b ? b[n] : 0.f);
+      store(y, m * N + n, s + (b ? value(b, n, bf16) : 0.f), bf16);
     }
   }
 }
 
 /* Any M: more than 8 rows go 8 at a time (each thread reading its range of W once per 8). */
-static inline __attribute__((always_inline)) void rows_linear(const float *x, const void *w, const float *b, float *y,
+static inline __attribute__((always_inline)) void rows_linear(const float *x, const void *w, const void *b, void *y,
                                                               long M, long K, long N, int threads, const int bf16) {
 #pragma omp parallel num_threads(threads)
   {
@@ -97,7 +110,7 @@ static inline __attribute__((always_inline)) void rows_linear(const float *x, co
     const long n0 = N * t / T, n1 = N * (t + 1) / T;
     for (long m0 = 0; m0 < M; m0 += 8) {
       const float *xm = x + m0 * K;
-      float *ym = y + m0 * N;
+      void *ym = bf16 ? (void *)((unsigned short *)y + m0 * N) : (void *)((float *)y + m0 * N);
       switch (M - m0) {
         case 1: outputs(xm, w, b, ym, 1, K, N, n0, n1, bf16); break;
         case 2: outputs(xm, w, b, ym, 2, K, N, n0, n1, bf16); break;
@@ -116,7 +129,13 @@ void rows_linear_f32(const float *x, const float *w, const float *b, float *y, l
   rows_linear(x, w, b, y, M, K, N, threads, 0);
 }
 
-void rows_linear_bf16(const float *x, const unsigned short *w, const float *b, float *y, long M, long K, long N,
-                      int threads) {
-  rows_linear(x, w, b, y, M, K, N, threads, 1);
+/* Returns 0, or -1 where there was no memory for x widened (nothing written). */
+int rows_linear_bf16(const unsigned short *x, const unsigned short *w, const unsigned short *b, unsigned short *y,
+                     long M, long K, long N, int threads) {
+  float *wide = malloc(M * K * sizeof *wide + 1);
+  if (!wide) return -1;
+  for (long i = 0; i < M * K; i++) wide[i] = value(x, i, 1);
+  rows_linear(wide, w, b, y, M, K, N, threads, 1);
+  free(wide);
+  return 0;
 }
