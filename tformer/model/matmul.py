@@ -26,10 +26,10 @@ can differ in the last bits between them, so the choice is made per shape for ev
 process a sentence's result does not depend on its batch beyond those bits (the batch decides the row count).
 TFORMER_PREPACK=0 keeps PyTorch's own choice everywhere.
 
-The choices are saved (`saved_path()`: under $TFORMER_CACHE, one file per CPU model and flags and torch version)
-and read back by later processes on the same machine, so a model loads without timing anything once its shapes
-have been timed (an OPUS-MT-base model: 6 s less), and every process decodes on the same libraries. Delete the
-file to time them again. The rows kernel is compiled once per machine into the same cache (`rows_kernel`); where
+The choices are saved (`saved_path()`: under $TFORMER_CACHE, one file per CPU model and flags, torch version and
+rows kernel) and read back by later processes on the same machine, so a model loads without timing anything once
+its shapes have been timed (an OPUS-MT-base model: 6 s less), and every process decodes on the same libraries.
+Delete the file to time them again. The rows kernel is compiled once per machine into the same cache (`rows_kernel`); where
 it cannot be (no C compiler), the other two are timed.
 
     prepack(model)    every nn.Linear, and every attention in-projection's parts, on the measured choice
@@ -337,8 +337,10 @@ def _machine_key() -> str:
 
 
 def saved_path() -> Path:
-    """The file this machine's choices are saved in: one per CPU (its model name and flags) and torch version."""
-    return cache_dir() / "matmul" / f"choices-{_machine_key()}.json"
+    """The file this machine's choices are saved in: one per CPU (its model name and flags), torch version and
+    rows kernel (rows.c: a new one is timed anew)."""
+    kernel = hashlib.sha256(ROWS_SOURCE.read_bytes()).hexdigest()[:8]
+    return cache_dir() / "matmul" / f"choices-{_machine_key()}-{kernel}.json"
 
 
 def _name(key: Key) -> str:
