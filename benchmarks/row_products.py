@@ -11,6 +11,8 @@ weight comes cold from memory, by each candidate:
     mv fp32         torch.mv, one row only
     onednn bf16     prepacked bf16 weights and rows (half the bytes; CPUs with bf16 units run it natively)
     int8 weights    torch._weight_int8pack_mm: int8 weights with a scale per output, bf16 rows (a quarter)
+    rows fp32       tformer's rows kernel (tformer/model/rows.c, compiled on this machine), plain fp32 weights
+    rows bf16       the same on bf16 weights and rows
 
 Each candidate's rate is its weights' bytes (in its own format) over the time of a pass, against the read
 bandwidth measured in the same run (common.read_bandwidth, the same thread count). Candidates take turns,
@@ -59,6 +61,14 @@ def candidates(weights: list[torch.Tensor]) -> dict[str, tuple[list, int, torch.
             out["onednn bf16"] = (packed(torch.bfloat16), fp32_bytes // 2, torch.bfloat16)
         except RuntimeError:  # no bf16 kernel here
             pass
+    from tformer.model import matmul
+
+    if matmul.rows_kernel() is not None:
+        for dtype in (torch.float32, torch.bfloat16):
+            ws = [w.to(dtype) for w in weights]
+            out[f"rows {str(dtype).removeprefix('torch.').replace('float32', 'fp32').replace('bfloat16', 'bf16')}"] = (
+                [lambda x, w=w: matmul._rows_linear(x, w, None) for w in ws], fp32_bytes // (4 // ws[0].element_size()),
+                dtype)
     if hasattr(torch, "_weight_int8pack_mm"):
         int8 = []
         for w in weights:

@@ -6,6 +6,7 @@ batch it is decoded in (as in fp32: alone == in a batch of sixteen). The matrix 
 rule on measured times (tested with given times), and either library gives fp32's products to rounding."""
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -423,6 +424,42 @@ def test_the_rows_kernel_is_built_once_per_machine_and_missing_without_a_compile
     with caplog.at_level(logging.INFO, logger="tformer"):
         assert build() is None
     assert "no C compiler 'no-such-cc'" in caplog.text and "run on oneDNN or MKL" in caplog.text
+
+
+def _huge_bytes_at(address: int) -> int:
+    """The bytes on huge pages in the mapping that holds `address`, as the kernel accounts them (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= address < high
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_weights_streamed_from_memory_go_on_huge_pages_with_their_values_unchanged(monkeypatch):
+    """huge_pages advises the whole 2 MiB pages inside each tensor and collapses them now; the values stay. Oracle:
+    the kernel's own account of the mapping (smaps), on a kernel that has MADV_COLLAPSE (6.1 and later). And
+    prepack does it for a model that does not fit in the last-level cache only."""
+    import sys
+
+    weight = torch.randn(3 << 20)  # 12 MiB: at least 5 whole huge pages inside
+    before = weight.clone()
+    done = matmul.huge_pages([weight, torch.randn(10), before.to_mkldnn()])  # too small; no storage: left alone
+    assert torch.equal(weight, before)
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2]) if sys.platform == "linux" else (0, 0)
+    if (major, minor) >= (6, 1):
+        assert done >= 5 * matmul.HUGE_PAGE
+    first = -(-weight.data_ptr() // matmul.HUGE_PAGE) * matmul.HUGE_PAGE
+    assert done == (_huge_bytes_at(first) if done else 0)
+    for cache, cold in ((48 * 200 * 4, True), (1 << 20, False)):
+        advised = []
+        monkeypatch.setattr(matmul, "_last_cache_bytes", lambda: cache)
+        monkeypatch.setattr(matmul, "huge_pages", lambda tensors: advised.append(len(tensors)) or 0)
+        matmul.prepack(torch.nn.Sequential(torch.nn.Linear(48, 200), torch.nn.Linear(200, 48)).eval())
+        assert (2 in advised) == cold and (not advised) == (not cold)
 
 
 def test_the_last_level_cache_size_is_read_from_the_system():

@@ -29,8 +29,9 @@ TFORMER_PREPACK=0 keeps PyTorch's own choice everywhere.
 The choices are saved (`saved_path()`: under $TFORMER_CACHE, one file per CPU model and flags, torch version and
 rows kernel) and read back by later processes on the same machine, so a model loads without timing anything once
 its shapes have been timed (an OPUS-MT-base model: 6 s less), and every process decodes on the same libraries.
-Delete the file to time them again. The rows kernel is compiled once per machine into the same cache (`rows_kernel`); where
-it cannot be (no C compiler), the other two are timed.
+Delete the file to time them again. The rows kernel is compiled once per machine into the same cache
+(`rows_kernel`); where it cannot be (no C compiler), the other two are timed. A model streamed from memory has its
+weights put on huge pages (`huge_pages`).
 
     prepack(model)    every nn.Linear, and every attention in-projection's parts, on the measured choice
 """
@@ -48,6 +49,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -247,6 +249,8 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype, cold: bool 
                 ready[library.name] = [library.ready(w) for w in weights]
             except RuntimeError:  # this library cannot take this format here
                 pass
+        if cold:  # on huge pages, as the model's own weights are (prepack)
+            huge_pages([w for forms in ready.values() for w in forms])
         choice = []
         with torch.inference_mode():
             for rows in ROWS:
@@ -270,10 +274,11 @@ class Product:
     won at the row count timed nearest to M (`choice`, per count of ROWS). Each library's form of W is made when
     this is made (a prepacked copy at the first product cost a first request 130 ms: an OPUS-MT-base model's
     207 MB reordered), for the libraries the choice names only; a library that cannot take W's format here
-    (a choice saved where it could) leaves its counts to F.linear. Inference only: with gradients enabled, or
-    traced with a symbolic row count (an export), it is F.linear."""
+    (a choice saved where it could) leaves its counts to F.linear. With `cold` (the weights streamed from memory at
+    every step), those forms are put on huge pages. Inference only: with gradients enabled, or traced with a
+    symbolic row count (an export), it is F.linear."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, choice: Choice) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, choice: Choice, cold: bool = False) -> None:
         if len(choice) != len(ROWS) or not set(choice) <= set(LIBRARIES):
             raise ValueError(f"choice {choice!r}: one library of {sorted(LIBRARIES)} per count of ROWS "
                              f"({len(ROWS)}) expected")
@@ -285,6 +290,8 @@ class Product:
             except RuntimeError as e:
                 log.info("matmul: %s cannot take a %s weight here (%s); F.linear runs its row counts", name,
                          tuple(weight.shape), e)
+        if cold:
+            huge_pages(list(self.ready.values()))
         self.choice = tuple(name if name in self.ready else "plain" for name in choice)
         self._runs = tuple(None if name == "plain" else LIBRARIES[name].run for name in self.choice)
 
@@ -307,7 +314,7 @@ class Product:
     def measured(cls, weight: Tensor, bias: Tensor | None, cold: bool = True) -> "Product":
         out_features, in_features = weight.shape
         return cls(weight.detach(), None if bias is None else bias.detach(),
-                   measure(in_features, out_features, weight.dtype, cold))
+                   measure(in_features, out_features, weight.dtype, cold), cold)
 
 
 class MeasuredLinear(nn.Linear):
@@ -322,6 +329,37 @@ class MeasuredLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.run(x)
+
+
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # Linux's madvise advice (MADV_COLLAPSE: kernel 6.1 and later)
+
+
+def huge_pages(tensors: list[Tensor]) -> int:
+    """Put each tensor's memory (the whole 2 MiB pages inside it) on huge pages now: Linux's madvise
+    MADV_HUGEPAGE, then MADV_COLLAPSE. A step that streams its weights from memory then misses the TLB 512 times
+    less often: the rows kernel read a 512 -> 58k weight at 34 GB/s against 26 on 4 KiB pages (AMD EPYC Zen 4,
+    benchmarks/RESULTS.md). The values do not change. Returns the bytes now on huge pages: 0 off Linux, where the
+    kernel refuses (older than 6.1, file-backed memory), or for a tensor with no storage to advise (oneDNN's
+    prepacked weights), which changes nothing else."""
+    if sys.platform != "linux":
+        return 0
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return 0
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    done = 0
+    for t in tensors:
+        try:
+            start = t.data_ptr()
+        except RuntimeError:  # no storage of its own to advise (oneDNN's prepacked weights): left as it is
+            continue
+        first, end = -(-start // HUGE_PAGE) * HUGE_PAGE, (start + t.numel() * t.element_size()) // HUGE_PAGE * HUGE_PAGE
+        if end > first and madvise(first, end - first, _MADV_HUGEPAGE) == 0 \
+                and madvise(first, end - first, _MADV_COLLAPSE) == 0:
+            done += end - first
+    return done
 
 
 @functools.cache
@@ -381,8 +419,8 @@ def prepack(model: nn.Module) -> nn.Module:
     attention's in-projection parts on the measured choice, in place; nothing where `available()` is False.
     Returns the model. A module with linear products of its own (MultiHeadAttention's in-projection parts) does
     them in its `prepack(cold)` method. The products are timed cold (`measure`) when the model's linear weights
-    do not fit in the last-level cache. Choices saved by an earlier process on this machine are used, and new
-    ones saved (`saved_path`)."""
+    do not fit in the last-level cache, and then those weights are put on huge pages (`huge_pages`). Choices saved
+    by an earlier process on this machine are used, and new ones saved (`saved_path`)."""
     if not available() or next(model.parameters()).device.type != "cpu":
         return model
     path = saved_path()
@@ -392,6 +430,10 @@ def prepack(model: nn.Module) -> nn.Module:
     known, tic = len(_CHOICES), time.perf_counter()
     linears = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
     cold = sum(w.numel() * w.element_size() for w in linears.values()) > _last_cache_bytes()
+    if cold:  # streamed from memory at every step of a few sentences
+        tic = time.perf_counter()
+        on_huge = huge_pages([w.detach() for w in linears.values()])
+        log.info("matmul: %.0f MB of weights on huge pages in %.2f s", on_huge / 1e6, time.perf_counter() - tic)
     for module in list(model.modules()):
         if callable(getattr(module, "prepack", None)):
             module.prepack(cold)
