@@ -89,6 +89,34 @@ def test_the_cache_holds_the_memory_keys_and_values_contiguous_for_every_step_to
 
 
 @torch.no_grad()
+def test_sources_without_padding_skip_the_cross_mask_and_give_the_same_logits():
+    """A batch whose sources are all their full width (one sentence, or one length) starts a cache that says so
+    (`full_sources`): its steps attend to the memory with no mask. Oracle: the same steps with the all-True mask
+    (full_sources off), equal within float32 rounding; a padded batch keeps the mask, and a reorder keeps the
+    flag."""
+    import dataclasses
+
+    from tformer.model.layout import Step
+
+    for kind in ("post", "pre", "universal"):
+        model = _model(kind="universal", max_steps=3) if kind == "universal" else _model(norm=kind)
+        full = torch.tensor([[4, 5, 6, 7, Vocab.eos], [9, 10, 11, 12, Vocab.eos]], device=TEST_DEVICE)
+        padded = torch.tensor([[4, 5, 6, 7, Vocab.eos], [9, 10, Vocab.eos, 0, 0]], device=TEST_DEVICE)
+        assert not model.init_cache(model.encode(padded, torch.tensor([5, 3], device=TEST_DEVICE))).full_sources
+        cache = model.init_cache(model.encode(full, torch.tensor([5, 5], device=TEST_DEVICE)))
+        assert cache.full_sources and cache.reorder(torch.tensor([1, 0], device=TEST_DEVICE)).full_sources
+        assert Step(2, 0, cache.src_mask, model.decoder_structure, False, cache.full_sources).cross_mask() is None
+        masked = dataclasses.replace(cache, full_sources=False)
+        tokens = torch.tensor([Vocab.bos, Vocab.bos], device=TEST_DEVICE)
+        for _ in range(3):
+            got, cache = model.decode_step(tokens, cache)
+            want, masked = model.decode_step(tokens, masked)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert cache.full_sources and not masked.full_sources, kind
+            tokens = got.argmax(-1)
+
+
+@torch.no_grad()
 def test_batch_of_seven_equals_each_alone():
     model = _model(norm="pre")
     g = torch.Generator().manual_seed(3)

@@ -30,6 +30,7 @@ Notation: B batch, L length, N rows (packed tokens, or hypotheses), R running ro
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, NamedTuple
 
 import torch
@@ -183,7 +184,7 @@ class ACTStack(nn.Module):
         return Decoded(x, [w[0] for w in weights], [w[1] for w in weights], ponder)
 
     def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
-        return DecoderCache(src_mask, [self.layer.cross_attn.memory_kv(memory)])
+        return DecoderCache.start(src_mask, [self.layer.cross_attn.memory_kv(memory)])
 
     def _past(self, cache: DecoderCache, kvs: list[KV], step: int, rotary: Rotary | None) -> KV:
         """Step `step`'s keys and values of positions 0 .. t-1 (N, H, t, Dh): cached where the position ran
@@ -232,4 +233,4 @@ class ACTStack(nn.Module):
         anchors = anchor if cache.anchors is None else torch.cat([cache.anchors, anchor], 1)
         steps = act.ponder().steps  # (N, 1)
         steps = steps if cache.steps is None else torch.cat([cache.steps, steps], 1)
-        return self.norm(out.to(state.dtype)), DecoderCache(cache.src_mask, cache.cross, kvs, anchors, steps)
+        return self.norm(out.to(state.dtype)), replace(cache, self_kv=kvs, anchors=anchors, steps=steps)

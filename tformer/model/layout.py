@@ -147,8 +147,10 @@ class Step:
     """Position t of N hypotheses, K per sentence in consecutive rows, against B sentences' memory laid out
     per sentence (B, S, D). Self-attention keys are each hypothesis's cached positions 0 .. t."""
 
-    def __init__(self, n_hyps: int, t: int, src_mask: Tensor, structure: Structure, packed: bool) -> None:
+    def __init__(self, n_hyps: int, t: int, src_mask: Tensor, structure: Structure, packed: bool,
+                 full_sources: bool = False) -> None:
         self.n, self.t, self.src_mask, self.structure, self.packed = n_hyps, t, src_mask, structure, packed
+        self.full_sources = full_sources  # no source padded (DecoderCache.full_sources): no cross mask
 
     def positions(self) -> Span:
         return Span(self.t, self.t + 1)
@@ -169,10 +171,11 @@ class Step:
         pattern = None if row is None else (lambda lq, lk: torch.stack([torch.zeros_like(row), row], 1))  # (k, 2)
         return Graph(self.n, self.n * (t + 1), segments=Segments(n, ones, n * (t + 1), ones * (t + 1), pattern))
 
-    def cross_mask(self, keys: object = None) -> Tensor | Graph:
-        """Hypothesis n, of sentence b = n // K, to the real tokens of sentence b (key nodes b * S + j)."""
+    def cross_mask(self, keys: object = None) -> Tensor | Graph | None:
+        """Hypothesis n, of sentence b = n // K, to the real tokens of sentence b (key nodes b * S + j); dense
+        with no source padded: None (every key)."""
         if not self.packed:
-            return encoder_mask(self.src_mask)  # (B, 1, 1, S)
+            return None if self.full_sources else encoder_mask(self.src_mask)  # (B, 1, 1, S)
         B, S = self.src_mask.shape
         device = self.src_mask.device
         b, K = torch.arange(B, device=device), self.n // B

@@ -14,6 +14,7 @@ Notation: B batch, L length, S source length, N rows (hypotheses when decoding),
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from torch import Tensor, nn
@@ -87,7 +88,7 @@ class LayerStack(nn.Module):
 
     def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
         """memory (B, S, D) per sentence -> every layer's cross-attention keys and values."""
-        return DecoderCache(src_mask, [layer.cross_attn.memory_kv(memory) for layer in self.layers])
+        return DecoderCache.start(src_mask, [layer.cross_attn.memory_kv(memory) for layer in self.layers])
 
     def step(self, side: Side, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """side.x (N, 1, D) embedded tokens at position t = cache.t (side.layout a Step) -> (N, 1, D) and the
@@ -102,4 +103,4 @@ class LayerStack(nn.Module):
                         rotary=side.rotary)
             x = out.x  # (N, 1, D)
             new.append(out.self_kv)  # (N, H, t+1, Dh) each, or the buffer holding them
-        return self.norm(x), DecoderCache(cache.src_mask, cache.cross, new, preallocated=cache.preallocated)
+        return self.norm(x), replace(cache, self_kv=new)

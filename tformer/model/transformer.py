@@ -253,7 +253,7 @@ class Transformer(nn.Module):
         self-attention entries one row per hypothesis, N = B x K with a sentence's K hypotheses in consecutive
         rows: they all read their sentence's memory, which is never copied per beam."""
         t = cache.t  # positions decoded so far
-        layout = Step(tokens.shape[0], t, cache.src_mask, self.decoder_structure, self.packed)
+        layout = Step(tokens.shape[0], t, cache.src_mask, self.decoder_structure, self.packed, cache.full_sources)
         e = self.tgt_embed(tokens[:, None], layout.positions())  # (N, 1, D)
         table = None if self.tgt_bias is None else self.tgt_bias(1, t + 1, t)  # (H, 1, t+1): the row of position t
         side = Side(e.x, e.positions, layout, None, layout.bias(table), self._rotary("decoder", layout.positions(),
