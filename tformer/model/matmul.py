@@ -249,8 +249,8 @@ def measure(in_features: int, out_features: int, dtype: torch.dtype, cold: bool 
                 ready[library.name] = [library.ready(w) for w in weights]
             except RuntimeError:  # this library cannot take this format here
                 pass
-        if cold:  # on huge pages, as the model's own weights are (prepack)
-            huge_pages([w for forms in ready.values() for w in forms])
+        if cold:  # on huge pages, as the model's own weights are (prepack): the plain and rows forms are these
+            huge_pages(weights)
         choice = []
         with torch.inference_mode():
             for rows in ROWS:
@@ -274,11 +274,10 @@ class Product:
     won at the row count timed nearest to M (`choice`, per count of ROWS). Each library's form of W is made when
     this is made (a prepacked copy at the first product cost a first request 130 ms: an OPUS-MT-base model's
     207 MB reordered), for the libraries the choice names only; a library that cannot take W's format here
-    (a choice saved where it could) leaves its counts to F.linear. With `cold` (the weights streamed from memory at
-    every step), those forms are put on huge pages. Inference only: with gradients enabled, or traced with a
-    symbolic row count (an export), it is F.linear."""
+    (a choice saved where it could) leaves its counts to F.linear. Inference only: with gradients enabled, or
+    traced with a symbolic row count (an export), it is F.linear."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, choice: Choice, cold: bool = False) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, choice: Choice) -> None:
         if len(choice) != len(ROWS) or not set(choice) <= set(LIBRARIES):
             raise ValueError(f"choice {choice!r}: one library of {sorted(LIBRARIES)} per count of ROWS "
                              f"({len(ROWS)}) expected")
@@ -290,8 +289,6 @@ class Product:
             except RuntimeError as e:
                 log.info("matmul: %s cannot take a %s weight here (%s); F.linear runs its row counts", name,
                          tuple(weight.shape), e)
-        if cold:
-            huge_pages(list(self.ready.values()))
         self.choice = tuple(name if name in self.ready else "plain" for name in choice)
         self._runs = tuple(None if name == "plain" else LIBRARIES[name].run for name in self.choice)
 
@@ -314,7 +311,7 @@ class Product:
     def measured(cls, weight: Tensor, bias: Tensor | None, cold: bool = True) -> "Product":
         out_features, in_features = weight.shape
         return cls(weight.detach(), None if bias is None else bias.detach(),
-                   measure(in_features, out_features, weight.dtype, cold), cold)
+                   measure(in_features, out_features, weight.dtype, cold))
 
 
 class MeasuredLinear(nn.Linear):
