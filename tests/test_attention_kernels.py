@@ -68,7 +68,7 @@ def _by_hand(q, k, v, mask=None, bias=None, scale=None):
 
 
 @pytest.mark.parametrize("kernel", [dense_attention, sdpa_attention])
-@pytest.mark.parametrize("n_queries,B", [(1, 2), (8, 2), (9, 2), (12, 2), (1, 16), (4, 16), (9, 16)])  # on either
+@pytest.mark.parametrize("n_queries,B", [(1, 2), (8, 2), (9, 2), (12, 2), (1, 16), (4, 16), (9, 16), (1, 48)])  # either
 def test_kernels_are_softmax_of_scaled_scores_plus_bias_written_out(kernel, n_queries, B):  # side of SDPA_CPU_*
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, 3, L, 4, dtype=torch.float64, generator=g) for L in (n_queries, 6, 6))
@@ -110,20 +110,22 @@ class _SdpaSpy:
 
 
 def test_sdpa_leaves_few_unmasked_queries_weights_and_cpu_dropout_to_the_dense_kernel(monkeypatch):
-    """On a CPU: fewer than 9 queries without a mask (a decoding step), weights on request, or dropout run as
-    the dense kernel's matmuls; anything else calls torch's fused op."""
+    """On a CPU: fewer than 9 queries without a mask (a decoding step) over at least 128 rows x heads, weights on
+    request, or dropout run as the dense kernel's matmuls; anything else calls torch's fused op (a step of
+    one sentence, or a few, too)."""
     spy = _SdpaSpy(monkeypatch)
-    k = v = torch.randn(2, 3, 5, 4)
-    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    k = v = torch.randn(64, 3, 5, 4)  # 64 rows x 3 heads: 192 >= 128
+    mask = torch.ones(64, 1, 1, 5, dtype=torch.bool)
 
-    def calls(T, **kwargs):
+    def calls(T, rows=64, **kwargs):
         spy.calls.clear()
-        sdpa_attention(torch.randn(2, 3, T, 4), k, v, **kwargs)
+        sdpa_attention(torch.randn(rows, 3, T, 4), k[:rows], v[:rows], **kwargs)
         return len(spy.calls)
 
     assert calls(8) == 0 and calls(1) == 0
     assert calls(9) == 1 and calls(30) == 1
-    assert calls(1, mask=mask) == 1 and calls(8, mask=mask) == 1  # a mask: SDPA at any length
+    assert calls(1, rows=43) == 0 and calls(1, rows=42) == 1 and calls(8, rows=2) == 1  # 129 and 126 rows x heads
+    assert calls(1, mask=mask) == 1 and calls(8, rows=2, mask=mask[:2]) == 1  # a mask: SDPA at any length (but folded)
     assert calls(12, need_weights=True) == 0 and calls(12, mask=mask, need_weights=True) == 0
     assert calls(12, dropout_p=0.1) == 0 and calls(12, mask=mask, dropout_p=1e-3) == 0
     assert calls(12, dropout_p=0.0) == 1

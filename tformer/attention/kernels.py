@@ -87,13 +87,16 @@ def cache_format(kernel: "Kernel", x: Tensor) -> torch.dtype:
 
 
 # A decoding step's self-attention has 1 query per hypothesis and no mask: on a CPU, unmasked attention with
-# fewer queries than this runs faster through the dense kernel's two matmuls than through SDPA's flash kernel
-# (up to 1.8x for 320 hypotheses x 16 keys). Beam search's cross-attention folds a sentence's K hypotheses into
+# fewer queries than this, over many heads' rows, runs faster through the dense kernel's two matmuls than through
+# SDPA's flash kernel (up to 1.8x for 320 hypotheses x 16 keys). Over few rows SDPA's one call wins: at one
+# sentence (8 heads, one query) it took 8 us where the dense kernel's seven calls took 16, and it stayed ahead up
+# to 64 rows x heads (Zen 4). Beam search's cross-attention folds a sentence's K hypotheses into
 # K queries against its padded source: with 2-8 queries over 16 sentences or more, the dense kernel ran 1.4-2.1x
 # as fast as SDPA on a Xeon and 1.7-3.2x on an AMD EPYC (Zen 3), mask or not; with one query (greedy), or few
 # sentences, SDPA is as fast or faster (benchmarks/attention_kernels.py).
 SDPA_CPU_MIN_QUERIES = 9
 SDPA_CPU_FOLDED_ROWS = 16
+SDPA_CPU_DENSE_HEAD_ROWS = 128  # unmasked, few queries: the dense kernel from this many (rows x heads) on
 
 
 # On a GPU, SDPA's cuDNN backend (PyTorch's first choice for bf16 and fp16) builds a cuDNN graph for every new
@@ -121,8 +124,9 @@ def sdpa_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
     cpu = q.device.type == "cpu"
-    if mask is None:  # a decoding step's self-attention
-        few = cpu and q.shape[-2] < SDPA_CPU_MIN_QUERIES
+    if mask is None:  # a decoding step's self-attention (or cross-attention, no source padded)
+        few = cpu and q.shape[-2] < SDPA_CPU_MIN_QUERIES and (
+            torch.compiler.is_compiling() or q.shape[0] * q.shape[1] >= SDPA_CPU_DENSE_HEAD_ROWS)  # (export: symbolic rows)
     else:  # beams folded into queries; never while tracing (an export's dynamic batch and lengths stay symbolic)
         few = (cpu and not torch.compiler.is_compiling() and 1 < q.shape[-2] < SDPA_CPU_MIN_QUERIES
                and q.shape[0] >= SDPA_CPU_FOLDED_ROWS)
