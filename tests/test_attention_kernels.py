@@ -131,6 +131,26 @@ def test_sdpa_leaves_few_unmasked_queries_weights_and_cpu_dropout_to_the_dense_k
     assert calls(12, dropout_p=0.0) == 1
 
 
+def test_a_reduced_precision_step_over_few_rows_sums_in_float64_through_sdpa(monkeypatch):
+    """bf16 on a CPU sums attention in float64 (sums_in_fp64): over a step's few rows x heads through SDPA's one
+    call, given float64, its result rounded once, equal to the dense kernel's; over many rows, the dense kernel."""
+    spy = _SdpaSpy(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    for rows, mask in ((2, None), (2, torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]),
+                       (64, None)):
+        q = torch.randn(rows, 3, 1, 4, generator=g).bfloat16()
+        k, v = (torch.randn(rows, 3, 5, 4, generator=g, dtype=torch.float64) for _ in "kv")  # a step's fp64 cache
+        bias = torch.randn(1, 3, 1, 5, generator=g)
+        spy.calls.clear()
+        with torch.inference_mode():  # (sums_in_fp64: at inference)
+            got, _ = sdpa_attention(q, k, v, mask=mask, bias=bias)
+            want, _ = dense_attention(q, k, v, mask=mask, bias=bias)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+        assert len(spy.calls) == (rows < 43)  # 2 x 3 rows x heads: SDPA; 64 x 3: the dense kernel
+        if spy.calls:
+            assert spy.calls[0]["attn_mask"].dtype == torch.float64
+
+
 def test_sdpa_off_the_cpu_hands_torch_the_mask_bias_dropout_and_scale(monkeypatch):
     """Off a CPU (the meta device here: shapes only) even one query and dropout go to torch's op, which gets
     the dropout probability, the scale, and the bias with -inf where the mask forbids."""

@@ -124,18 +124,26 @@ def sdpa_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
     cpu = q.device.type == "cpu"
+    step = q.shape[-2] < SDPA_CPU_MIN_QUERIES  # a decoding step's few queries per row
+    # ... over few rows x heads (one sentence, or a few): SDPA's one call. Never while tracing (an export's dynamic
+    # batch and lengths stay symbolic)
+    few_rows = step and not torch.compiler.is_compiling() and q.shape[0] * q.shape[1] < SDPA_CPU_DENSE_HEAD_ROWS
     if mask is None:  # a decoding step's self-attention (or cross-attention, no source padded)
-        few = cpu and q.shape[-2] < SDPA_CPU_MIN_QUERIES and (
-            torch.compiler.is_compiling() or q.shape[0] * q.shape[1] >= SDPA_CPU_DENSE_HEAD_ROWS)  # (export: symbolic rows)
-    else:  # beams folded into queries; never while tracing (an export's dynamic batch and lengths stay symbolic)
-        few = (cpu and not torch.compiler.is_compiling() and 1 < q.shape[-2] < SDPA_CPU_MIN_QUERIES
-               and q.shape[0] >= SDPA_CPU_FOLDED_ROWS)
-    if need_weights or (dropout_p > 0 and cpu) or few or sums_in_fp64(q):
+        dense = cpu and step and not few_rows
+    else:  # beams folded into queries
+        dense = (cpu and not torch.compiler.is_compiling() and 1 < q.shape[-2] < SDPA_CPU_MIN_QUERIES
+                 and q.shape[0] >= SDPA_CPU_FOLDED_ROWS)
+    wide = sums_in_fp64(q)
+    if need_weights or (dropout_p > 0 and cpu) or dense or (wide and not few_rows):
         # weights exist only in the dense kernel; with dropout on a CPU, torch 2.13 picks SDPA's MATH
         # backend (torch._fused_sdp_choice == SDPBackend.MATH): the dense kernel's computation, but with
-        # torch's slower dropout mask; a decoding step's few queries run faster as two matmuls; and a reduced
-        # precision on a CPU computes in float64 (sums_in_fp64)
+        # torch's slower dropout mask; a decoding step's few queries over many rows run faster as two matmuls;
+        # and a reduced precision on a CPU computes in float64 (sums_in_fp64), where the dense kernel's matmuls
+        # beat SDPA but over a step's few rows (13 against 24 us at one sentence, 8 heads, Zen 4)
         return dense_attention(q, k, v, mask, bias, dropout_p, scale, need_weights)
+    if wide:  # in float64, rounded once, as the dense kernel does (sums_in_fp64); the cache holds float64 already
+        out, _ = sdpa_attention(q.double(), k.double(), v.double(), mask, bias, dropout_p, scale)
+        return out.to(q.dtype), None
     attn_mask, bias = mask, _like(bias, q)
     if bias is not None:
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
