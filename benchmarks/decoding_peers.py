@@ -27,7 +27,9 @@ matrix-multiply ceiling is measured in the same run (torch.mm, 1024^3) and the d
 token (projections, FFN, generator and attention over the cache, counted per hypothesis) give each engine's
 decoder GFLOP/s and the fraction of the ceiling it reaches (the same count for every engine: the arithmetic
 a generated token needs, whatever an engine actually runs); tformer-bf16 (tformer.load(..., precision="bf16"))
-is set against the bf16 ceiling, measured the same way, and against CTranslate2 fp32 (its best float on a CPU).
+is set against the bf16 ceiling, measured the same way, and against CTranslate2 fp32 (its best float on a CPU);
+tformer-compiled is tformer.load(..., compile=True), its decoding step compiled ahead of time (tformer.model.compiled;
+compiled, or read from $TFORMER_CACHE, at load, untimed).
 "ms per call": the median time of one call on one batch (at batch 1: a sentence's latency). --memory: each
 engine's peak resident memory, in a fresh process of its own that loads only that engine (imports of torch and
 ctranslate2 included, measured alone as the baseline row) and decodes the first four batches.
@@ -111,7 +113,7 @@ def rss_child(spec: dict) -> None:
             t.translate_batch(chunk, beam_size=beam, length_penalty=0.0, max_decoding_length=n, min_decoding_length=0)
     elif engine != "none":
         kw = dict(quantize="int8") if engine.endswith("int8") else dict(precision="bf16") if engine.endswith(
-            "bf16") else {}
+            "bf16") else dict(compile=True) if engine.endswith("compiled") else {}
         t = tformer.load(spec["source"], device="cpu", **kw)
         for chunk in spec["sentences"]:
             t.translate(chunk, beam=beam, len_penalty=0.0, max_len_a=0.0, max_len_b=n, batch_size=len(chunk))
@@ -151,6 +153,7 @@ def main() -> None:
     translator = tformer.load(source_ckpt, device="cpu")
     int8 = tformer.load(source_ckpt, device="cpu", quantize="int8")
     bf16 = tformer.load(source_ckpt, device="cpu", precision="bf16") if "tformer-bf16" in args.engines else None
+    compiled = tformer.load(source_ckpt, device="cpu", compile=True) if "tformer-compiled" in args.engines else None
     ckpt, model = translator.checkpoint, translator.model
     src_tok, tgt_tok = ckpt.tokenizers
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
@@ -182,6 +185,7 @@ def main() -> None:
         translator = tformer.load(source_ckpt, device="cpu")
         int8 = tformer.load(source_ckpt, device="cpu", quantize="int8")
         bf16 = tformer.load(source_ckpt, device="cpu", precision="bf16") if bf16 is not None else None
+        compiled = tformer.load(source_ckpt, device="cpu", compile=True) if compiled is not None else None
     ct2_dirs = {}
     if any(e.startswith("ct2") for e in engines):
         import ctranslate2
@@ -220,9 +224,9 @@ def main() -> None:
         return run_here(engine, beam, chunk, batch_size), None
 
     def run_here(engine: str, beam: int, chunk: list[int], batch_size: int) -> list[list[int]]:
-        if engine in ("tformer", "tformer-top_k", "tformer-int8", "tformer-bf16"):  # the API, text in and out
+        if engine in ("tformer", "tformer-top_k", "tformer-int8", "tformer-bf16", "tformer-compiled"):  # the API
             rule = dict(beam_finish="top_k") if engine == "tformer-top_k" else {}
-            loaded = {"tformer-int8": int8, "tformer-bf16": bf16}.get(engine, translator)
+            loaded = {"tformer-int8": int8, "tformer-bf16": bf16, "tformer-compiled": compiled}.get(engine, translator)
             out = loaded.translate(
                 [sources[i] for i in chunk], beam=beam, len_penalty=0.0, max_len_a=0.0, max_len_b=max_len,
                 batch_size=batch_size, **rule)

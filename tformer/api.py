@@ -134,8 +134,9 @@ class Translator:
     def decode_settings(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
                         **settings: Any) -> DecodeConfig:
         """The loaded defaults with these settings (DecodeConfig fields) on top, checked. `quantize` and
-        `precision` are chosen when the model is loaded (its weights change), so a call may only repeat them."""
-        for key in ("quantize", "precision"):
+        `precision` are chosen when the model is loaded (its weights change), and `compile` then too, so a call may
+        only repeat them."""
+        for key in ("quantize", "precision", "compile"):
             loaded = getattr(self.config.decode, key)
             if settings.get(key, loaded) != loaded:
                 raise ConfigError(f"config key 'decode.{key}': the model was loaded with {key}={loaded!r}; it is "
@@ -443,8 +444,9 @@ def load(path: str | Path | Sequence[str | Path], which: str = "best", *, device
     device: 'cpu', 'cuda', 'cuda:N'; default the GPU when there is one. threads: torch's intra-op threads
     (process-wide). max_source_tokens: longer sources are refused (0: no limit). attention: the kernel
     ('sdpa', 'dense', 'graph'). decode: decoding defaults, DecodeConfig fields (beam_size=5, len_penalty=1.0,
-    ...); two of them fix how the weights are held, for the Translator's life: precision='bf16' (or 'fp16';
-    tformer.precision) and quantize='int8'. overrides: the same as dotted strings ('decode.beam_size=5');
+    ...); three of them fix how the weights are held, for the Translator's life: precision='bf16' (or 'fp16';
+    tformer.precision), quantize='int8', and compile=True (the decoding step compiled ahead of time:
+    tformer.model.compiled). overrides: the same as dotted strings ('decode.beam_size=5');
     like the command line, only decode.* and model.attention may change after training."""
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -466,6 +468,9 @@ def load(path: str | Path | Sequence[str | Path], which: str = "best", *, device
         ckpts.append(dataclasses.replace(ckpt, cfg=dataclasses.replace(cfg, decode=updated(cfg.decode, "decode",
                                                                                            decode))))
     first = ckpts[0]
+    if len(ckpts) > 1 and first.cfg.decode.compile:
+        raise ConfigError("decode.compile: an ensemble decodes eagerly (each model's step is compiled on its own); "
+                          "load one checkpoint to compile its step, or leave compile off")
     for c in ckpts[1:]:
         if any(a.fingerprint() != b.fingerprint() for a, b in zip(c.tokenizers, first.tokenizers)):
             raise ConfigError(f"{c.path} and {first.path} have different vocabularies; an ensemble's checkpoints "

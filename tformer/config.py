@@ -382,6 +382,10 @@ class DecodeConfig:
     top_p: float = option(1.0, "sampling only: keep the smallest set with this much probability", low=0,
                           open_low=True, high=1, per_call=True)
     seed: int = option(0, "sampling only: seeds each sentence's generator", low=0, high=2**32 - 1, per_call=True)
+    compile: bool = option(False, "the decoding step compiled ahead of time (AOTInductor; CPU, fp32, one model; "
+                           "about 30 s once per model and machine, then read from $TFORMER_CACHE; "
+                           "tformer.model.compiled)")  # faster where PyTorch's cost per operator dominates a step:
+    # small models, and several sentences (benchmarks/aot_step.py)
     shortlist: str = option("", "a lexical shortlist file (tformer shortlist; tformer.shortlist); \"\" = off")  # each
     # sentence may output only its list's target tokens, and the output projection is computed for its lists only
 
@@ -478,3 +482,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             if str(file_error) == str(e):
                 raise ConfigError(f"{e} (in {path})") from None
         raise ConfigError(f"{e} (from the command-line overrides)" if overrides else str(e)) from None
+

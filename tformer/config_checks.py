@@ -25,6 +25,9 @@ import yaml
 
 from tformer.errors import ConfigError
 
+if typing.TYPE_CHECKING:
+    from tformer.config import ModelConfig
+
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 # Settings that may change after training: `translate` and `evaluate` accept overrides for these alone. Where
@@ -250,3 +253,27 @@ def updated(section: Any, prefix: str, values: Mapping[str, Any]) -> Any:
             raise unknown_key(f"{prefix}.", key, names)
         changes[key] = coerce(value, hints[key], f"{prefix}.{key}")
     return dataclasses.replace(section, **changes)
+
+
+def export_problems(cfg: ModelConfig) -> list[str]:
+    """The settings of `cfg` that an exported Transformer cannot express (empty: none), each as `model.key=value`
+    or in words: what `check_exportable`, and the compiled decoding step (tformer.model.compiled), refuse."""
+    problems = []
+    if cfg.kind != "vanilla":
+        problems.append(f"model.kind={cfg.kind} (ACT halting has no CTranslate2 counterpart)")
+    if cfg.source != "tokens":
+        problems.append("model.source=features (a frame encoder)")
+    for key, value, default in (("norm_layer", cfg.norm_layer, "layernorm"), ("ffn", cfg.ffn, "standard"),
+                                ("qk_norm", cfg.qk_norm, False),
+                                ("kv_heads", 0 if cfg.kv_heads == cfg.n_heads else cfg.kv_heads, 0)):
+        if value != default:
+            problems.append(f"model.{key}={value}")
+    for side in ("encoder", "decoder"):
+        if cfg.side_positions(side) not in ("sinusoidal", "learned"):
+            problems.append(f"{side} positions {cfg.side_positions(side)} (an attention bias)")
+    if not (cfg.encoder_structure.window == cfg.decoder_structure.window == 0
+            and not cfg.encoder_structure.edges and not cfg.decoder_structure.edges
+            and cfg.encoder_structure.dilation == cfg.decoder_structure.dilation == 1
+            and cfg.encoder_structure.global_tokens == cfg.decoder_structure.global_tokens == 0):
+        problems.append("a sparse attention structure")
+    return problems

@@ -114,7 +114,11 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
             limit = max_lengths(n_src, cfg.max_len_a, cfg.max_len_b)  # (B,)
             prefix = [prefixes[i] for i in rows] if prefixes is not None else None
             batch = {name: [per[i] for i in rows] for name, per in (phrases or {}).items() if per is not None}
-            if shortlist is None:
+            compiled = getattr(model, "compiled_step", None)  # decode.compile (tformer.model.compiled)
+            if shortlist is None and compiled is not None:
+                hyp = search(compiled, compiled.start(cache), limit, cfg, ids=rows, prefix=prefix, stop=stop,
+                             phrases=batch)
+            elif shortlist is None:
                 hyp = search(model.decode_step, cache, limit, cfg, ids=rows, prefix=prefix, stop=stop, phrases=batch)
             else:  # the search runs in the columns of the batch's lists
                 allowed = [shortlist.allowed(sources[i], _forced(prefix, batch, j)) for j, i in enumerate(rows)]
@@ -219,6 +223,10 @@ def model_from(ckpt: Checkpoint, device: str | torch.device | None = None) -> Tr
     model = build_model(ckpt.cfg.model, *(len(t.vocab) for t in ckpt.tokenizers))
     ckpt.load_model_state(model)
     model = for_inference(model.to(device or "cpu").eval(), decode.precision, decode.quantize)
+    if decode.compile:
+        from tformer.model.compiled import compile_step
+
+        model.compiled_step = compile_step(model)
     keep_freed_memory()  # after loading: what loading freed (a random initialisation, fp32 copies) goes back
     return model
 

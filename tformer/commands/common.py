@@ -42,13 +42,17 @@ def batching(sp: argparse.ArgumentParser) -> None:
 
 
 def number_format(sp) -> None:
-    """--int8 and --precision: the format the weights are loaded in (tformer.precision)."""
+    """--int8 and --precision: the format the weights are loaded in (tformer.precision); --compile, the step."""
     sp.add_argument("--int8", action="store_true", help="run the linear layers with dynamic int8 quantization "
                     "(CPU; faster, results may differ slightly); same as decode.quantize=int8")
     sp.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="hold the weights in this format "
                     "(default fp32); bf16 needs a CPU with avx512_bf16 or amx_bf16, or a GPU of compute capability "
                     "8.0+, and runs about 2x as fast there; log-probabilities stay fp32, results may differ "
                     "slightly; same as decode.precision")
+    sp.add_argument("--compile", action="store_true", help="compile the decoding step ahead of time (AOTInductor; "
+                    "CPU, fp32): about 30 s once per model and machine, saved under $TFORMER_CACHE; faster for small "
+                    "models and batches of several sentences, not for one sentence of a large model; same as "
+                    "decode.compile=true")
     sp.add_argument("--shortlist", metavar="FILE", help="a lexical shortlist (tformer shortlist): each sentence may "
                     "output only its list's target tokens, and the output layer is computed for those only (faster; "
                     "results may differ slightly); same as decode.shortlist=FILE")
@@ -85,7 +89,7 @@ def int_list(text: str) -> list[int]:
 
 
 def decode_overrides(args: argparse.Namespace) -> list[str]:
-    """--beam/--nbest/--batch-size/--batch-tokens/--int8/--precision as decode.* overrides, before the explicit
+    """--beam/--nbest/--batch-size/--batch-tokens/--int8/--precision/--compile as decode.* overrides, before the explicit
     ones (which win)."""
     from tformer.api import decode_fields
 
@@ -95,6 +99,8 @@ def decode_overrides(args: argparse.Namespace) -> list[str]:
         flags["quantize"] = "int8"
     if getattr(args, "precision", None):
         flags["precision"] = args.precision
+    if getattr(args, "compile", False):
+        flags["compile"] = "true"
     if getattr(args, "shortlist", None):
         flags["shortlist"] = args.shortlist
     return [f"decode.{key}={value}" for key, value in flags.items()] + getattr(args, "overrides", [])
@@ -142,6 +148,7 @@ def describe_decode(cfg, overrides: list[str] | None = None) -> str:
     batch = f"{d.batch_tokens} tokens" if d.batch_tokens else f"{d.batch_size} sentences"
     int8 = ", int8" if d.quantize == "int8" else f", {d.precision}" if d.precision != "fp32" else ""
     int8 += f", shortlist {d.shortlist}" if d.shortlist else ""
+    int8 += ", compiled step" if d.compile else ""
     return (f"{how[d.strategy]}{origin}{extra}, max length {d.max_len_a}*src+{d.max_len_b}, batch {batch}, "
             f"kernel {cfg.model.attention}{int8}")
 

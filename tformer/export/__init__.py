@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tformer.config import ModelConfig
+from tformer.config_checks import export_problems
 from tformer.errors import ConfigError
 
 if TYPE_CHECKING:  # for readers and type checkers; at run time __getattr__ imports on first use
@@ -68,24 +69,7 @@ def check_exportable(cfg: ModelConfig) -> None:
     """Raise ConfigError naming the settings the exported Transformer cannot express. Every format shares
     CTranslate2's limits (the narrowest: a vanilla encoder-decoder, LayerNorm, absolute positions, dense
     attention), and so the message names CTranslate2."""
-    problems = []
-    if cfg.kind != "vanilla":
-        problems.append(f"model.kind={cfg.kind} (ACT halting has no CTranslate2 counterpart)")
-    if cfg.source != "tokens":
-        problems.append("model.source=features (a frame encoder)")
-    for key, value, default in (("norm_layer", cfg.norm_layer, "layernorm"), ("ffn", cfg.ffn, "standard"),
-                                ("qk_norm", cfg.qk_norm, False),
-                                ("kv_heads", 0 if cfg.kv_heads == cfg.n_heads else cfg.kv_heads, 0)):
-        if value != default:
-            problems.append(f"model.{key}={value}")
-    for side in ("encoder", "decoder"):
-        if cfg.side_positions(side) not in ("sinusoidal", "learned"):
-            problems.append(f"{side} positions {cfg.side_positions(side)} (an attention bias)")
-    if not (cfg.encoder_structure.window == cfg.decoder_structure.window == 0
-            and not cfg.encoder_structure.edges and not cfg.decoder_structure.edges
-            and cfg.encoder_structure.dilation == cfg.decoder_structure.dilation == 1
-            and cfg.encoder_structure.global_tokens == cfg.decoder_structure.global_tokens == 0):
-        problems.append("a sparse attention structure")
+    problems = export_problems(cfg)
     if problems:
         raise ConfigError("CTranslate2 cannot run this model: " + "; ".join(problems))
 

@@ -52,6 +52,7 @@ from tformer.positions import RandomPositions, Rotary, build_attention_bias, bui
 from tformer.structures import Structure, build_structure
 
 if TYPE_CHECKING:
+    from tformer.model.compiled import CompiledStep
     from tformer.model.act import Ponder
 
 
@@ -141,6 +142,8 @@ class Transformer(nn.Module):
         self.ctc = nn.Linear(D, tgt_vocab) if cfg.ctc else None  # blank: the padding id (never a target)
         self.encoder_structure = build_structure(cfg.encoder_structure)
         self.decoder_structure = build_structure(cfg.decoder_structure)
+        self.compiled_step: CompiledStep | None = None  # decode_step compiled ahead of time (decode.compile), which
+        # translation then runs in its place (tformer.model.compiled; set at load by tformer.inference.model_from)
         self.reset_parameters()
         if cfg.tie_generator:
             self.generator.weight = tgt_tokens.weight
