@@ -5,6 +5,7 @@ cannot be."""
 from __future__ import annotations
 
 import gzip
+import json
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ def test_the_compiled_step_translates_as_the_eager_step(folder, sources, batch_s
     eager = tformer.load(folder, device="cpu")
     fast = tformer.load(folder, device="cpu", compile=True)
     assert eager.model.compiled_step is None and fast.model.compiled_step is not None
+    fast.model.compiled_step.faster = (True,) * len(compiled.ROWS)  # every search compiled, whatever was measured
     for settings in (dict(beam=1), dict(beam=4, nbest=2), dict(beam=3, no_repeat_ngram=2, min_len=3)):
         want = eager.translate(sources, batch_size=batch_size, max_len_b=40, **settings)
         got = fast.translate(sources, batch_size=batch_size, max_len_b=40, **settings)
@@ -86,3 +88,28 @@ def test_a_step_past_the_table_of_positions_is_a_clear_error(folder):
                                     for x in (cache.self_k, cache.self_v)))
     with pytest.raises(ConfigError, match=f"at most {step.positions} positions"):
         step(torch.tensor([4]), long)
+
+
+def test_searches_run_compiled_where_it_was_measured_faster(folder, monkeypatch):
+    """The measurement at load decides per row count (sentences x beams at a search's start); it is saved beside
+    the package, read back, and timed again when damaged."""
+    fast = tformer.load(folder, device="cpu", compile=True)
+    step = fast.model.compiled_step
+    choice = step.path.with_suffix(".json")
+    assert json.loads(choice.read_text())["faster"] == list(step.faster)
+    calls = []
+    real = step._run
+    monkeypatch.setattr(step, "_run", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    step.faster = (False, True, True, False)  # rows 1, 4, 16, 64
+    for n, settings, used in ((1, dict(beam=1), False), (1, dict(beam=4), True), (3, dict(beam=5), True),
+                              (20, dict(beam=1), True), (20, dict(beam=4), False), (2, dict(beam=1), False)):
+        calls.clear()
+        fast.translate(["a b c"] * n, batch_size=n, max_len_b=5, **settings)
+        assert bool(calls) == used, (n, settings)
+    assert step.wins(3) and not step.wins(1) and step.wins(8) and not step.wins(33) and not step.wins(100)
+    choice.write_text('{"faster": [true]}')  # damaged: timed again and saved
+    measured = []
+    monkeypatch.setattr(compiled, "measure", lambda model, s: measured.append(1) or (True, False, True, False))
+    again = tformer.load(folder, device="cpu", compile=True)
+    assert measured == [1] and again.model.compiled_step.faster == (True, False, True, False)
+    assert json.loads(choice.read_text())["faster"] == [True, False, True, False]

@@ -115,7 +115,7 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
             prefix = [prefixes[i] for i in rows] if prefixes is not None else None
             batch = {name: [per[i] for i in rows] for name, per in (phrases or {}).items() if per is not None}
             compiled = getattr(model, "compiled_step", None)  # decode.compile (tformer.model.compiled)
-            if shortlist is None and compiled is not None:
+            if shortlist is None and compiled is not None and compiled.wins(len(rows) * _rows_per_sentence(cfg)):
                 hyp = search(compiled, compiled.start(cache), limit, cfg, ids=rows, prefix=prefix, stop=stop,
                              phrases=batch)
             elif shortlist is None:
@@ -133,6 +133,11 @@ def translate_ids(model: Transformer, sources: list[Source], cfg: DecodeConfig,
     for i in _gone(cancelled, len(sources)):
         tokens[i] = scores[i] = None
     return NBest(tokens, scores)
+
+
+def _rows_per_sentence(cfg: DecodeConfig) -> int:
+    """The hypotheses a search decodes per sentence: beam K, sampling's draws, greedy's one."""
+    return cfg.beam_size if cfg.strategy == "beam" else cfg.nbest if cfg.strategy == "sample" else 1
 
 
 def _forced(prefix: list[list[int]] | None, phrases: Phrases, j: int) -> list[int]:

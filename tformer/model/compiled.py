@@ -9,8 +9,10 @@ decoded all dynamic, so one compilation serves every batch. The searches see a s
 
 Measured (benchmarks/aot_step.py, benchmarks/RESULTS.md): on a Zen 4, a `student_small`-shaped model's greedy
 step ran 1.6-2.0x as fast at 1-32 sentences, and an OPUS-MT-base-shaped one 1.6-1.8x at 8 sentences and 1.15x at 32,
-but 0.9x at one sentence (tformer's eager products of one row are faster than the ones inductor calls): so it is
-a setting, for the models and batches where it wins.
+but 0.9x at one sentence (tformer's eager products of one row are faster than the ones inductor calls). So where
+it runs is measured too: at load, eager and compiled steps take turns on made-up batches of 1, 4, 16 and 64 rows
+(hypotheses), and a search whose batch starts with N rows runs the one that won at the count nearest to N
+(`CompiledStep.wins`); the choice is saved beside the package.
 
 Compiling takes about 30 s on two cores (export included), once per model, machine and torch version: the package
 is saved under $TFORMER_CACHE/steps and loaded from there afterwards. It holds its own copy of the weights (frozen
@@ -24,7 +26,9 @@ length, t positions decoded, Dh head dim, V vocabulary.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -36,10 +40,12 @@ from torch import Tensor, nn
 
 from tformer.config_checks import export_problems
 from tformer.errors import ConfigError
-from tformer.files import cache_dir
+from tformer.files import cache_dir, replace_atomically
 from tformer.model.cache import DecoderCache
 
 log = logging.getLogger(__name__)
+
+ROWS = (1, 4, 16, 64)  # the row counts (hypotheses) at which the compiled step is timed against the eager one
 
 
 
@@ -86,11 +92,18 @@ class CompiledStep:
     """A step function for the searches (decode.common.StepFn) over a `CompiledCache`; `start` turns the model's
     `init_cache` into one."""
 
-    def __init__(self, run: Callable[..., list[Tensor]], positions: int, seconds: float, path: Path) -> None:
+    def __init__(self, run: Callable[..., list[Tensor]], positions: int, seconds: float, path: Path,
+                 faster: tuple[bool, ...] = (True,) * len(ROWS)) -> None:
         self._run = run
         self.positions = positions  # the most positions it decodes (the model's table of positions)
         self.seconds = seconds  # what compiling took (0: loaded from the disk)
         self.path = path
+        self.faster = faster  # per count of ROWS: whether it ran faster than the eager step (`measure`)
+
+    def wins(self, rows: int) -> bool:
+        """Whether a search starting with `rows` rows (sentences x beams) runs faster compiled: the measurement
+        at the count of ROWS nearest to it, on a log scale."""
+        return self.faster[min(range(len(ROWS)), key=lambda i: abs(math.log(ROWS[i]) - math.log(max(rows, 1))))]
 
     def start(self, cache: DecoderCache) -> CompiledCache:
         """The model's cache before the first position (`Transformer.init_cache`) as the compiled step reads it."""
@@ -152,7 +165,49 @@ def compile_step(model: nn.Module) -> CompiledStep:
         _compile(model, path)
         seconds = time.perf_counter() - tic
         log.info("compile: the decoding step compiled in %.0f s, saved to %s", seconds, path)
-    return CompiledStep(torch._inductor.aoti_load_package(str(path)), _positions(model), seconds, path)
+    step = CompiledStep(torch._inductor.aoti_load_package(str(path)), _positions(model), seconds, path)
+    choice = path.with_suffix(".json")
+    try:
+        faster = tuple(json.loads(choice.read_text())["faster"])
+        if len(faster) != len(ROWS) or not all(isinstance(f, bool) for f in faster):
+            raise ValueError(f"{len(faster)} entries")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if not isinstance(e, FileNotFoundError):
+            log.info("compile: %s unreadable (%s); timing again", choice, e)
+        faster = measure(model, step)
+        with replace_atomically(choice) as f:
+            json.dump({"rows": list(ROWS), "faster": list(faster)}, f)
+    step.faster = faster
+    log.info("compile: the compiled step runs searches of %s rows; the eager one, the others",
+             ", ".join(str(r) for r, fast in zip(ROWS, faster) if fast) or "no")
+    return step
+
+
+def measure(model: nn.Module, step: CompiledStep, steps: int = 6) -> tuple[bool, ...]:
+    """Per count of ROWS, whether `step` decoded `steps` positions of a made-up batch of that many sentences (16
+    source tokens each) faster than the model's eager `decode_step`, taking turns (matmul._fastest)."""
+    from tformer.model.matmul import _fastest
+
+    g = torch.Generator().manual_seed(0)
+    vocab = model.src_embed.tokens.num_embeddings
+    faster = []
+    with torch.inference_mode():
+        for rows in ROWS:
+            enc = model.encode(torch.randint(4, vocab, (rows, 16), generator=g), torch.full((rows,), 16))
+            tokens = torch.randint(4, model.generator.out_features, (rows,), generator=g)
+
+            def eager(tokens=tokens, enc=enc):
+                cache = model.init_cache(enc)
+                for _ in range(steps):
+                    _, cache = model.decode_step(tokens, cache)
+
+            def compiled(tokens=tokens, enc=enc):
+                cache = step.start(model.init_cache(enc))
+                for _ in range(steps):
+                    _, cache = step(tokens, cache)
+
+            faster.append(_fastest({"compiled": compiled, "eager": eager}) == "compiled")
+    return tuple(faster)
 
 
 def _positions(model: nn.Module) -> int:
