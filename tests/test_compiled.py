@@ -107,9 +107,23 @@ def test_searches_run_compiled_where_it_was_measured_faster(folder, monkeypatch)
         fast.translate(["a b c"] * n, batch_size=n, max_len_b=5, **settings)
         assert bool(calls) == used, (n, settings)
     assert step.wins(3) and not step.wins(1) and step.wins(8) and not step.wins(33) and not step.wins(100)
+    assert step.summary()["compiled_at_rows"] == [4, 16] and step.summary()["eager_at_rows"] == [1, 64]
     choice.write_text('{"faster": [true]}')  # damaged: timed again and saved
     measured = []
     monkeypatch.setattr(compiled, "measure", lambda model, s: measured.append(1) or (True, False, True, False))
     again = tformer.load(folder, device="cpu", compile=True)
     assert measured == [1] and again.model.compiled_step.faster == (True, False, True, False)
     assert json.loads(choice.read_text())["faster"] == [True, False, True, False]
+
+
+def test_a_server_of_a_compiled_model_says_so_and_translates_as_the_eager_one(folder):
+    from test_serve import call, live
+
+    fast = tformer.load(folder, device="cpu", compile=True)
+    fast.model.compiled_step.faster = (True,) * len(compiled.ROWS)
+    want = [t.text for t in tformer.load(folder, device="cpu").translate(["a b c", "d e"], beam=1, max_len_b=20)]
+    with live(fast, warm_up=2) as (srv, url):
+        info = call(url, "/v1/info")[1]
+        assert info["compiled_step"]["compiled_at_rows"] == list(compiled.ROWS) and info["decode"]["compile"] is True
+        status, answer, _ = call(url, "/v1/translate", {"src": ["a b c", "d e"], "beam": 1, "max_len_b": 20})
+        assert status == 200 and [t["text"] for t in answer["translations"]] == want

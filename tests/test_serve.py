@@ -688,6 +688,7 @@ def test_the_server_warms_each_batch_size_up_to_its_setting_before_answering(tra
         assert list(warmed) == [1, 2, 4, 6] and all(s > 0 for s in warmed.values())
         assert {n * beam for n in warmed} <= set(rows) and max(rows) == 6 * beam
         assert call(url, "/v1/info")[1]["warm_up_seconds"].keys() == {"1", "2", "4", "6"}
+        assert call(url, "/v1/info")[1]["compiled_step"] is None  # decode.compile off
     rows.clear()
     with live(translator, warm_up=0) as (srv, url):
         assert srv.warm_up() == {} and rows == []

@@ -100,6 +100,12 @@ class CompiledStep:
         self.path = path
         self.faster = faster  # per count of ROWS: whether it ran faster than the eager step (`measure`)
 
+    def summary(self) -> dict:
+        """What compiling cost and where the compiled step runs, for a report (`tformer serve`'s /v1/info)."""
+        return {"compile_seconds": round(self.seconds, 1), "package": str(self.path),
+                "compiled_at_rows": [r for r, fast in zip(ROWS, self.faster) if fast],
+                "eager_at_rows": [r for r, fast in zip(ROWS, self.faster) if not fast]}
+
     def wins(self, rows: int) -> bool:
         """Whether a search starting with `rows` rows (sentences x beams) runs faster compiled: the measurement
         at the count of ROWS nearest to it, on a log scale."""
@@ -178,8 +184,9 @@ def compile_step(model: nn.Module) -> CompiledStep:
         with replace_atomically(choice) as f:
             json.dump({"rows": list(ROWS), "faster": list(faster)}, f)
     step.faster = faster
-    log.info("compile: the compiled step runs searches of %s rows; the eager one, the others",
-             ", ".join(str(r) for r, fast in zip(ROWS, faster) if fast) or "no")
+    where = step.summary()
+    log.info("compile: measured faster compiled at %s rows (sentences x beams), eager at %s",
+             where["compiled_at_rows"] or "no", where["eager_at_rows"] or "no")
     return step
 
 

@@ -183,6 +183,7 @@ class Service:
         cfg = t.config
         m = cfg.model
         universal = m.kind == "universal"
+        compiled = getattr(t.model, "compiled_step", None)
         return JSONResponse({
             "checkpoint": str(t.path), "step": t.checkpoint.trainer.get("step"), "task": cfg.data.task,
             "languages": {"source": cfg.data.src_lang, "target": cfg.data.tgt_lang},
@@ -197,6 +198,7 @@ class Service:
             "batching": {"max_wait_ms": self.settings.max_wait_ms, "batch_tokens": self.settings.batch_tokens,
                          "max_queue": self.settings.max_queue, **self.batcher.snapshot()},
             "warm_up_seconds": {str(n): round(s, 3) for n, s in self.warmed.items()},
+            "compiled_step": None if compiled is None else compiled.summary(),  # decode.compile
         })
 
     def _translate_job(self, req: TranslateRequest) -> Job:
