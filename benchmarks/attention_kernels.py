@@ -1,6 +1,6 @@
 """SDPA against the dense kernel (two matmuls and a softmax) on this CPU, forward only, for the shapes a
 decoding step and a training batch give: why `sdpa_attention` hands fewer than SDPA_CPU_MIN_QUERIES queries
-to the dense kernel.
+to the dense kernel over many rows x heads (SDPA_CPU_DENSE_HEAD_ROWS), and SDPA over few.
 
     python benchmarks/attention_kernels.py [--heads 4] [--dtype fp32|bf16] [--record]
 
@@ -22,11 +22,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import report  # noqa: E402
 
-from tformer.attention.kernels import SDPA_CPU_MIN_QUERIES, dense_attention  # noqa: E402
+from tformer.attention.kernels import SDPA_CPU_DENSE_HEAD_ROWS, SDPA_CPU_MIN_QUERIES, dense_attention  # noqa: E402
 
 SHAPES = [  # (what, rows, queries, keys)
     ("greedy step, self", 64, 1, 16), ("greedy step, cross", 64, 1, 16),
     ("beam 5 step, self", 320, 1, 16), ("beam 5 step, cross (beams folded)", 64, 5, 16),
+    ("batch 1 step, self", 1, 1, 24), ("batch 4 step, self", 4, 1, 24), ("batch 8 step, self", 8, 1, 24),
+    ("batch 16 step, self", 16, 1, 24), ("batch 32 step, self", 32, 1, 24),
     ("batch 1 step, cross", 1, 1, 16), ("batch 8 step, cross", 8, 1, 16), ("batch 8 beam 4, cross", 8, 4, 16),
     ("batch 32 beam 4, cross", 32, 4, 16),
     ("beam 5 step, self, long output", 320, 1, 64), ("beam 5 step, cross, long source", 64, 5, 64),
@@ -70,7 +72,7 @@ def main() -> None:
                              f"{statistics.median(a) * 1e6:,.0f} | {statistics.median(b) * 1e6:,.0f} | {ratio:.2f} |")
     notes = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.heads} heads x 64 dims, "
              f"{args.dtype}, forward only; `sdpa_attention` uses the dense kernel on a CPU below "
-             f"{SDPA_CPU_MIN_QUERIES} queries")
+             f"{SDPA_CPU_MIN_QUERIES} queries over {SDPA_CPU_DENSE_HEAD_ROWS} rows x heads or more")
     report("Attention kernels: SDPA vs dense on this CPU", table, notes, args.record)
 
 
