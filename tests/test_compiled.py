@@ -127,3 +127,17 @@ def test_a_server_of_a_compiled_model_says_so_and_translates_as_the_eager_one(fo
         assert info["compiled_step"]["compiled_at_rows"] == list(compiled.ROWS) and info["decode"]["compile"] is True
         status, answer, _ = call(url, "/v1/translate", {"src": ["a b c", "d e"], "beam": 1, "max_len_b": 20})
         assert status == 200 and [t["text"] for t in answer["translations"]] == want
+
+
+def test_a_machine_that_cannot_compile_gets_a_clear_error(folder, tmp_path, monkeypatch):
+    """No C++ compiler (inductor's InvalidCxxCompiler): a ConfigError that says what to do; nothing is saved."""
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    def no_compiler(model, path):
+        raise InvalidCxxCompiler()
+
+    monkeypatch.setenv("TFORMER_CACHE", str(tmp_path))
+    monkeypatch.setattr(compiled, "_compile", no_compiler)
+    with pytest.raises(ConfigError, match=r"step failed \(InvalidCxxCompiler.*without --compile"):
+        tformer.load(folder, device="cpu", compile=True)
+    assert not list(tmp_path.glob("steps/*"))

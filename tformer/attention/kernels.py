@@ -124,12 +124,13 @@ def sdpa_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """PyTorch's fused scaled_dot_product_attention; weights are only available from the dense kernel."""
     cpu = q.device.type == "cpu"
-    step = q.shape[-2] < SDPA_CPU_MIN_QUERIES  # a decoding step's few queries per row
-    # ... over few rows x heads (one sentence, or a few): SDPA's one call. Never while tracing (an export's dynamic
-    # batch and lengths stay symbolic)
-    few_rows = step and not torch.compiler.is_compiling() and q.shape[0] * q.shape[1] < SDPA_CPU_DENSE_HEAD_ROWS
+    # a decoding step's few queries per row over few rows x heads (one sentence, or a few): SDPA's one call. Never
+    # read while tracing: an export's dynamic batch and a compiled training forward's lengths stay symbolic (a
+    # comparison would guard on them, and recompile)
+    few_rows = (not torch.compiler.is_compiling() and q.shape[-2] < SDPA_CPU_MIN_QUERIES
+                and q.shape[0] * q.shape[1] < SDPA_CPU_DENSE_HEAD_ROWS)
     if mask is None:  # a decoding step's self-attention (or cross-attention, no source padded)
-        dense = cpu and step and not few_rows
+        dense = cpu and q.shape[-2] < SDPA_CPU_MIN_QUERIES and not few_rows
     else:  # beams folded into queries
         dense = (cpu and not torch.compiler.is_compiling() and 1 < q.shape[-2] < SDPA_CPU_MIN_QUERIES
                  and q.shape[0] >= SDPA_CPU_FOLDED_ROWS)

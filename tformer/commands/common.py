@@ -89,8 +89,8 @@ def int_list(text: str) -> list[int]:
 
 
 def decode_overrides(args: argparse.Namespace) -> list[str]:
-    """--beam/--nbest/--batch-size/--batch-tokens/--int8/--precision/--compile as decode.* overrides, before the explicit
-    ones (which win)."""
+    """--beam/--nbest/--batch-size/--batch-tokens/--int8/--precision/--compile as decode.* overrides, before the
+    explicit ones (which win)."""
     from tformer.api import decode_fields
 
     flags = decode_fields(getattr(args, "beam", None), getattr(args, "nbest", None), getattr(args, "batch_size", None),

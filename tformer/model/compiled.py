@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 ROWS = (1, 4, 16, 64)  # the row counts (hypotheses) at which the compiled step is timed against the eager one
 
 
-
 class _Step(nn.Module):
     """`decode_step` over plain tensors: tokens (N,), src_mask (B, S), cross keys/values (L, B, H, S, Dh) each,
     self keys/values (L, N, H, t, Dh) each -> logits (N, V) and the self keys/values with position t added."""
@@ -169,7 +168,15 @@ def compile_step(model: nn.Module) -> CompiledStep:
     if not path.exists():
         tic = time.perf_counter()
         log.info("compile: compiling the decoding step (AOTInductor; about 30 s on two cores, once per model)")
-        _compile(model, path)
+        from torch._inductor.exc import CppCompileError, InductorError, InvalidCxxCompiler
+
+        try:
+            _compile(model, path)
+        except (InvalidCxxCompiler, CppCompileError, InductorError, OSError) as e:
+            detail = str(e).strip().splitlines()
+            raise ConfigError(f"decode.compile: compiling the decoding step failed ({type(e).__name__}: "
+                              f"{detail[0] if detail else ''}); it needs a C++ compiler (c++, or $CXX); decode "
+                              f"without --compile (decode.compile=false)") from e
         seconds = time.perf_counter() - tic
         log.info("compile: the decoding step compiled in %.0f s, saved to %s", seconds, path)
     step = CompiledStep(torch._inductor.aoti_load_package(str(path)), _positions(model), seconds, path)
