@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gzip
+import itertools
 import json
 import logging
 import os
@@ -355,6 +357,39 @@ def test_libretranslate_json_lists_lines_and_alternatives(translator, server):
     form = urllib.parse.urlencode([("q", LINES[0]), ("q", LINES[1]), ("source", "en"), ("target", "de")]).encode()
     status, out, _ = call(url, "/translate", raw=form, content_type="application/x-www-form-urlencoded")
     assert status == 200 and out["translatedText"] == [t.text for t in translator.translate(LINES[:2])]
+
+
+def test_libretranslate_detects_the_source_language(translator, server, shared_data):
+    """/detect and source "auto": the server's languages ranked for a text; judged against Multi30k's own
+    languages (test2016's English and German lines), and "auto" translating exactly as source "en" does."""
+    _, url = server
+    with gzip.open(shared_data / "multi30k" / "test2016.de.gz", "rt", encoding="utf-8") as f:
+        german = [line.strip() for line in itertools.islice(f, 100)]
+    with gzip.open(shared_data / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
+        english = [line.strip() for line in itertools.islice(f, 100)]
+    right = 0
+    for want, lines in (("en", english), ("de", german)):
+        for line in lines:
+            status, out, _ = call(url, "/detect", {"q": line})
+            assert status == 200 and [c["language"] for c in out] in (["en", "de"], ["de", "en"])
+            assert out[0]["confidence"] >= out[1]["confidence"] and sum(c["confidence"] for c in out) == \
+                pytest.approx(100, abs=0.05)
+            right += out[0]["language"] == want
+    assert right >= 196  # >= 98% of 200
+    status, out, _ = call(url, "/translate", {"q": LINES[0], "source": "auto", "target": "de"})  # the model's words
+    assert status == 200 and out["translatedText"] == translator.translate([LINES[0]])[0].text
+    assert out["detectedLanguage"]["language"] == "en" and 50 < out["detectedLanguage"]["confidence"] <= 100
+    status, out, _ = call(url, "/translate", {"q": LINES[:2], "source": "auto", "target": "de"})
+    assert status == 200 and [d["language"] for d in out["detectedLanguage"]] == ["en", "en"], out
+    assert out["translatedText"] == [t.text for t in translator.translate(LINES[:2])]
+    status, out, _ = call(url, "/translate", {"q": LINES[:2], "source": "en", "target": "de"})
+    assert status == 200 and "detectedLanguage" not in out
+    status, out, _ = call(url, "/translate", {"q": [LINES[0], german[0]], "source": "auto", "target": "de"})
+    assert status == 400 and "q[1]: detected as German ('de'" in out["error"] and "give source 'en'" in out["error"]
+    for body, message in (({}, "q: give the text"), ({"q": ["a", "b"]}, "q: give the text whose language"),
+                          ({"q": "a", "colour": 1}, "unknown field(s) colour")):
+        status, out, _ = call(url, "/detect", body)
+        assert status == 400 and message in out["error"], out
 
 
 @pytest.mark.parametrize("body, message", [

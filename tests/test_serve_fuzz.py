@@ -82,6 +82,7 @@ ROUTES = {
     "/translate": ("post", {"q", "source", "target"}, {"format", "api_key", "alternatives"},
                    {"q": "a b c", "source": "en", "target": "de"}, {"translatedText"}, POST_CODES),
     "/languages": ("get", set(), set(), None, None, PUBLIC_CODES),
+    "/detect": ("post", {"q"}, {"api_key"}, {"q": "a b c"}, None, POST_CODES - {504}),  # no model: no timeout
     "/": ("get", set(), set(), None, None, GET_CODES),
     "/api/info": ("get", set(), set(), None, set(), GET_CODES),
     "/api/translate": ("post", {"text"}, {"beam", "nbest", "target"}, {"text": "a b c"}, {"source", "hypotheses"},
@@ -106,7 +107,8 @@ def _matches_the_oracle(document: dict) -> None:
         assert set(op["responses"]) == {str(c) for c in codes}, path
         assert all("application/json" in op["responses"][str(c)]["content"] for c in codes - {200}), path
         bodies = _request_schemas(document, path, method)
-        want = {"application/json"} | ({"application/x-www-form-urlencoded"} if path == "/translate" else set())
+        forms = {"application/x-www-form-urlencoded"} if path in ("/translate", "/detect") else set()
+        want = {"application/json"} | forms
         assert set(bodies) == (want if method == "post" else set()), path
         for media, body in bodies.items():
             assert set(body["required"]) == required, (path, media)

@@ -22,7 +22,7 @@ import itertools
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from tformer.data.corpus import iter_lines
 from tformer.errors import ConfigError, DataError
@@ -64,15 +64,22 @@ def identifier(languages: tuple[str, str]) -> Callable[[str], str]:
     Dutch, Tagalog or Luxembourgish, all wrongly), while a side in the other language of the pair (an
     untranslated or swapped pair, the common fault) is what this catches. Text in a third language is not
     caught."""
+    rank = ranking(languages)
+    return lambda text: rank(text)[0][0]
+
+
+def ranking(languages: Sequence[str]) -> Callable[[str], list[tuple[str, float]]]:
+    """text -> every one of `languages` with the probability py3langid's bundled model (offline) gives it among
+    them, likeliest first. A code it does not know is a ConfigError naming it."""
     from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
 
-    ident = LanguageIdentifier.from_modelpath(MODEL_DIR / MODEL_FILE)
+    ident = LanguageIdentifier.from_modelpath(MODEL_DIR / MODEL_FILE, norm_probs=True)
     unknown = [code for code in languages if code not in ident.nb_classes]
     if unknown:
         raise ConfigError(f"language identification knows no {', '.join(map(repr, unknown))}; it knows "
                           f"{len(ident.nb_classes)} ISO 639-1 codes such as 'en', 'de', 'fr' (or leave it out)")
     ident.set_languages(list(languages))
-    return lambda text: ident.classify(text)[0]
+    return lambda text: [(code, float(p)) for code, p in ident.rank(text) if code in languages]
 
 
 def judge(rules: CleanRules) -> Callable[[str, str], str | None]:

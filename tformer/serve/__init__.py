@@ -21,6 +21,8 @@ Retry-After, 504 past the timeout):
     GET  /v1/info       model kind and shape, vocabularies, languages, decoding defaults, limits, batching
     POST /translate     LibreTranslate (tformer/serve/libretranslate.py): JSON or a form
     GET  /languages     LibreTranslate's language list (no API key needed)
+    POST /detect        LibreTranslate's language detection, among the server's languages (source "auto" on
+                        /translate detects too, and answers detectedLanguage)
     GET  /              the explorer page; GET /api/info and POST /api/translate as tformer.explore describes
     GET  /openapi.json  the OpenAPI 3.1 description of all of these, with this server's limits (no API key needed)
 

@@ -99,6 +99,7 @@ class Service:
             Route("/v1/score", e(self.score), methods=["POST"]),
             Route("/translate", e(self.libre_translate), methods=["POST"]),
             Route("/languages", e(self.languages), methods=["GET", "POST"]),
+            Route("/detect", e(self.libre_detect), methods=["POST"]),
             Route("/", e(self.page), methods=["GET"]),
             Route("/index.html", e(self.page), methods=["GET"]),
             Route("/api/info", e(self.explorer_info), methods=["GET"]),
@@ -237,7 +238,13 @@ class Service:
             await read_body(request, self.settings)
         return JSONResponse(libretranslate.languages(self.translator.config))
 
-    async def libre_translate(self, request: Request) -> Response:
+    async def libre_detect(self, request: Request) -> Response:
+        body = libretranslate.parse_body(await read_body(request, self.settings), self._libre_kind(request))
+        self._authorize(request, body.get("api_key") if isinstance(body, dict) else None)
+        return JSONResponse(libretranslate.detect_request(body, self.translator))
+
+    def _libre_kind(self, request: Request) -> str:
+        """The media type of a LibreTranslate body: JSON or a form (RequestError otherwise)."""
         kind = media_type(request)
         if kind not in ("application/json", "application/x-www-form-urlencoded", "multipart/form-data", ""):
             raise RequestError("post JSON (Content-Type: application/json) or a form "
@@ -246,7 +253,10 @@ class Service:
             raise RequestError("Content-Type multipart/form-data is not read here: post a form "
                                "(application/x-www-form-urlencoded) or JSON",
                                HTTPStatus.UNSUPPORTED_MEDIA_TYPE)
-        body = libretranslate.parse_body(await read_body(request, self.settings), kind)
+        return kind
+
+    async def libre_translate(self, request: Request) -> Response:
+        body = libretranslate.parse_body(await read_body(request, self.settings), self._libre_kind(request))
         self._authorize(request, body.get("api_key") if isinstance(body, dict) else None)
         asked = libretranslate.translate_request(body, self.translator, self.settings)
         out = await self._answer(request, self._translate_job(asked.request))

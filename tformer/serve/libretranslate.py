@@ -5,6 +5,7 @@ and browser plug-ins, anything that speaks POST /translate and GET /languages).
                       repeat q for a list), source, target, format ("text"), api_key, alternatives (0..)
                       -> {"translatedText": str or list, "alternatives": [...] when asked}
     GET  /languages   -> [{"code": "en", "name": "English", "targets": ["de"]}, {"code": "de", ..., "targets": []}]
+    POST /detect      q (a string), api_key -> [{"confidence": 97.3, "language": "en"}, ...], likeliest first
 
 As LibreTranslate does, a text is split into sentences (tformer.documents: sentencex's rules for the source
 language; a line break always ends one), translated in one batch and put back between its own whitespace;
@@ -13,14 +14,17 @@ format "html" translates the text of each block in context and moves inline tags
 with --glossary holds its terms in every translation (constrained beam search).
 
 Differences, on purpose: the model translates one language pair (the checkpoint's data.src_lang ->
-data.tgt_lang): any other source or target is a 400 naming the pair; source "auto" is taken to be the model's
-source language (there is no language detection).
+data.tgt_lang): any other source or target is a 400 naming the pair. Source "auto" detects each text's language
+among the server's (py3langid's bundled model, offline), answers it as `detectedLanguage` as LibreTranslate does,
+and translates it where it is the model's source; a text detected in another language is a 400 that names it
+(give `source` to translate it anyway).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from tformer.api import Translation, Translator
 from tformer.config import Config
@@ -35,6 +39,34 @@ NAMES = {"ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "G
          "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "nl": "Dutch",
          "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
          "uk": "Ukrainian", "zh": "Chinese"}
+
+
+@functools.cache
+def _detector(codes: tuple[str, ...]) -> Callable[[str], list[tuple[str, float]]]:
+    from tformer.data.clean import ranking
+
+    return ranking(codes)
+
+
+def detect(text: str, cfg: Config) -> list[tuple[str, float]]:
+    """The server's languages (the model's source and target), each with the probability that `text` is in it,
+    likeliest first."""
+    codes = tuple(dict.fromkeys((cfg.data.src_lang, cfg.data.tgt_lang)))
+    return _detector(codes)(text)
+
+
+def detect_request(body: Any, translator: Translator) -> list[dict[str, Any]]:
+    """A LibreTranslate /detect body ({"q": text}), checked -> its answer: each language with a confidence in
+    percent, likeliest first."""
+    if not isinstance(body, dict):
+        raise RequestError('the request must be a JSON object or a form such as {"q": "Hello"}')
+    unknown = sorted(set(body) - {"q", "api_key"})
+    if unknown:
+        raise RequestError(f"unknown field(s) {', '.join(unknown)}; the fields are q, api_key")
+    q = _one(body, "q")
+    if not isinstance(q, str) or not q.strip():
+        raise RequestError(f"q: give the text whose language to detect (a non-empty string), got {q!r}")
+    return [{"confidence": round(100 * p, 2), "language": code} for code, p in detect(q, translator.config)]
 
 
 def languages(cfg: Config) -> list[dict[str, Any]]:
@@ -60,6 +92,7 @@ class Asked:
     texts: list[Prepared]  # each text of q, read: its sentences, and how to put their translations back
     as_list: bool  # q was a list: answer a list
     alternatives: int
+    detected: list[tuple[str, float]] | None = None  # source "auto": each text's language and its probability
 
 
 def _one(body: dict[str, Any], name: str) -> Any:
@@ -105,7 +138,7 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
     texts = q if as_list else [q]
     if not texts:
         raise RequestError("q: an empty list; give at least one text")
-    sources, prepared, wheres = [], [], []
+    sources, prepared, wheres, detected = [], [], [], []
     for i, text in enumerate(texts):
         where = f"q[{i}]" if as_list else "q"
         if not isinstance(text, str):
@@ -114,6 +147,13 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
             read = prepare(text, form, cfg.src_lang)
         except TformerError as e:
             raise RequestError(f"{where}: {e}") from None
+        if _one(body, "source") == "auto":
+            language, p = detect(" ".join(read.sentences), translator.config)[0]
+            if language != cfg.src_lang:
+                raise RequestError(f"{where}: detected as {NAMES.get(language, language)} ({language!r}, "
+                                   f"{100 * p:.0f}% likely); {pair}: give source {cfg.src_lang!r} to translate it "
+                                   f"as {NAMES.get(cfg.src_lang, cfg.src_lang)}")
+            detected.append((language, p))
         prepared.append(read)
         for j, sentence in enumerate(read.sentences):
             at = where if len(read.sentences) == 1 else f"{where}, sentence {j + 1}"
@@ -136,7 +176,7 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
         return wheres[i] if what == "sources" else f"{wheres[i]}: {what}"
 
     plan = make_plan(translator, settings, sources, where_, **with_glossary({}, sources, settings), **options)
-    return Asked(TranslateRequest(plan, settings.timeout), prepared, as_list, alternatives)
+    return Asked(TranslateRequest(plan, settings.timeout), prepared, as_list, alternatives, detected or None)
 
 
 def _alternatives(value: Any, settings: Settings) -> int:
@@ -164,4 +204,7 @@ def answer(asked: Asked, translations: list[Translation]) -> dict[str, Any]:
     out: dict[str, Any] = {"translatedText": texts if asked.as_list else texts[0]}
     if asked.alternatives:
         out["alternatives"] = alts if asked.as_list else alts[0]
+    if asked.detected:
+        found = [{"confidence": round(100 * p, 2), "language": code} for code, p in asked.detected]
+        out["detectedLanguage"] = found if asked.as_list else found[0]
     return out

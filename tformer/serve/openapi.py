@@ -163,7 +163,18 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
                 "alternatives": {"type": "string", "enum": [""] + [str(i) for i in range(settings.max_nbest)]}}},
         "LibreAnswer": {"type": "object", "required": ["translatedText"], "properties": {
             "translatedText": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-            "alternatives": {"type": "array"}}},
+            "alternatives": {"type": "array"},
+            "detectedLanguage": {"oneOf": [_ref("Detection"), {"type": "array", "items": _ref("Detection")}],
+                                 "description": "source auto: each text's language"}}},
+        "Detection": {"type": "object", "required": ["confidence", "language"], "properties": {
+            "confidence": {"type": "number", "minimum": 0, "maximum": 100}, "language": {"type": "string"}}},
+        "DetectRequest": {"type": "object", "required": ["q"], "additionalProperties": False, "properties": {
+            "q": {"type": "string", "minLength": 1, "description": "a text whose language to detect"},
+            "api_key": {"type": ["string", "null"]}}},
+        "DetectForm": {"type": "object", "required": ["q"], "additionalProperties": False, "properties": {
+            "q": {"type": "string", "minLength": 1}, "api_key": {"type": "string"}}},
+        "Detections": {"type": "array", "items": _ref("Detection"),
+                       "description": "the server's languages, likeliest first"},
         "Languages": {"type": "array", "items": {"type": "object", "required": ["code", "name", "targets"],
                                                  "properties": {"code": {"type": "string"}, "name": {"type": "string"},
                                                                 "targets": {"type": "array",
@@ -211,6 +222,8 @@ def openapi(translator: Translator, settings: Settings, explorer: Any) -> dict[s
         "/translate": _post("LibreTranslate's translate", "LibreRequest", "LibreAnswer", 504, form="LibreForm"),
         "/languages": _get("LibreTranslate's language list (no API key needed)", _json(_ref("Languages")),
                            public=True),
+        "/detect": _post("LibreTranslate's language detection, among this server's languages", "DetectRequest",
+                         "Detections", form="DetectForm"),
         "/": _get("the explorer page", {"text/html": {"schema": {"type": "string"}}}),
         "/api/info": _get("the explorer's model description", _json(_ref("Object"))),
         "/api/translate": _post("the explorer's translation with attention maps", "ExplorerRequest", "Object", 504),
