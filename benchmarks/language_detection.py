@@ -40,8 +40,8 @@ def main() -> None:
         right_all, total = right_all + right, total + len(lines)
     seconds = time.perf_counter() - tic
     table.append(f"| all | {total} | {right_all} | {100 * right_all / total:.1f}% | |")
-    report("Language detection on Multi30k test2016 (source auto)", table,
-           f"each line detected among {', '.join(args.languages)}; {1e6 * seconds / total:.0f} us per line", args.record)
+    notes = f"each line detected among {', '.join(args.languages)}; {1e6 * seconds / total:.0f} us per line"
+    report("Language detection on Multi30k test2016 (source auto)", table, notes, args.record)
 
 
 if __name__ == "__main__":
