@@ -1,13 +1,13 @@
 """tformer's decoding step compiled ahead of time by AOTInductor, against the same step run eagerly: issue 64's
-"AOTInductor, if it beats it", measured before building it in.
+"AOTInductor, if it beats it", measured first with an export of its own, and since with the library's.
 
-The compiled step is the graph `tformer export --format onnx` writes (tformer.export.onnx.OnnxStep: the model's own
-`decode_step` over a cache of plain tensors, batch, source and cache lengths dynamic), exported by torch.export and
-compiled by AOTInductor (`aoti_compile_and_package`: C++ kernels, the products on inductor's own choice, weights
-frozen into the package). Both decode the same sentences greedily from the same encoder output, `--steps` positions,
-rounds taking turns; the tokens must agree. The table gives ms per step (the difference between `--steps` and 8
-positions, over the difference) and the compile time, paid once per model (the shapes are dynamic: nothing
-recompiles). One process, `--threads` threads.
+The compiled step is the library's (`decode.compile`, tformer.model.compiled.compile_step): the model's own
+`decode_step` over a cache of plain tensors, exported by torch.export and compiled by AOTInductor (C++ kernels, the
+products on inductor's own choice, weights frozen into the package), batch, hypotheses, source and positions all
+dynamic. Here it runs at every batch, whatever the measurement at load chose. Both decode the same sentences
+greedily from the same encoder output, `--steps` positions, rounds taking turns; the tokens must agree. The table
+gives ms per step (the difference between `--steps` and 8 positions, over the difference) and the compile time,
+paid once per model (0 where the package was read from $TFORMER_CACHE/steps). One process, `--threads` threads.
 
     python benchmarks/aot_step.py (--folder FOLDER | --opus-base | --small) [--batch-size 1 8 32] [--steps 40]
                                   [--rounds 5] [--record]
@@ -18,7 +18,6 @@ FOLDER: a Hugging Face MarianMT folder or a tformer run; --small: a random folde
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
 import statistics
 import sys
@@ -33,29 +32,7 @@ from common import SHARED_DATA, report  # noqa: E402
 from decoding_peers import opus_base_folder  # noqa: E402
 
 import tformer  # noqa: E402
-from tformer.export.onnx import OnnxStep  # noqa: E402
-
-
-def compiled_step(model, out: Path):
-    """The model's step exported as the ONNX export does and compiled by AOTInductor: (runner, seconds)."""
-    import torch._inductor.config as inductor
-
-    cfg = model.cfg
-    L, H, Dh = len(model.decoder.layers), cfg.n_heads, cfg.d_model // cfg.n_heads
-    B, S, T = 2, 7, 3
-    args = (torch.randint(4, 10, (B,)), torch.ones(B, S, dtype=torch.bool), torch.randn(L, B, H, S, Dh),
-            torch.randn(L, B, H, S, Dh), torch.randn(L, B, H, T, Dh), torch.randn(L, B, H, T, Dh))
-    batch, source = torch.export.Dim("batch"), torch.export.Dim("source")
-    past = torch.export.Dim("past", max=1023)
-    inductor.freezing = True
-    tic = time.perf_counter()
-    with torch.no_grad():
-        program = torch.export.export(OnnxStep(model).eval(), args, strict=False, dynamic_shapes=(
-            {0: batch}, {0: batch, 1: source}, {1: batch, 3: source}, {1: batch, 3: source}, {1: batch, 3: past},
-            {1: batch, 3: past}))
-        path = torch._inductor.aoti_compile_and_package(program, package_path=str(out / "step.pt2"))
-    seconds = time.perf_counter() - tic
-    return torch._inductor.aoti_load_package(path), seconds
+from tformer.model.compiled import ROWS, compile_step  # noqa: E402
 
 
 def small_folder(out: Path) -> Path:
@@ -85,7 +62,8 @@ def main() -> None:
               else Path(args.folder))
     translator = tformer.load(folder, device="cpu", threads=args.threads)
     model = translator.model
-    runner, compile_s = compiled_step(model, work)
+    step = compile_step(model)
+    step.faster = (True,) * len(ROWS)  # compiled at every batch: this compares the two
     with gzip.open(SHARED_DATA / "multi30k" / "test2016.en.gz", "rt", encoding="utf-8") as f:
         sources = [translator.encode(line.strip()) + [2] for line in f][: max(args.batch_size)]
     table = ["| batch | eager ms per step | AOTInductor ms per step | eager / compiled | tokens equal |",
@@ -105,15 +83,10 @@ def main() -> None:
                 return out
 
             def compiled(steps: int) -> list[torch.Tensor]:
-                cache = dataclasses.replace(model.init_cache(enc), preallocated=False)
-                logits, cache = model.decode_step(torch.full((B,), 1), cache)  # the first position, as the export
-                tok = torch.log_softmax(logits, -1).argmax(-1)
-                cross_k, cross_v = (torch.stack([kv[i] for kv in cache.cross]) for i in (0, 1))
-                self_k, self_v = (torch.stack([kv[i] for kv in cache.self_kv]) for i in (0, 1))
-                out = [tok]
-                for _ in range(steps - 1):
-                    logp, self_k, self_v = runner(tok, cache.src_mask, cross_k, cross_v, self_k, self_v)
-                    tok = logp.argmax(-1)
+                cache, tok, out = step.start(model.init_cache(enc)), torch.full((B,), 1), []
+                for _ in range(steps):
+                    logits, cache = step(tok, cache)
+                    tok = torch.log_softmax(logits, -1).argmax(-1)
                     out.append(tok)
                 return out
 
@@ -136,7 +109,7 @@ def main() -> None:
              f"vocabulary {model.generator.weight.shape[0]}; fp32; greedy from <s> over Multi30k test2016 sources, "
              f"{args.steps} positions; ms per step = (time for {args.steps} - time for 8) / {args.steps - 8}, median "
              f"of {args.rounds} rounds taking turns; {args.threads} threads; AOTInductor compile (export included): "
-             f"{compile_s:.0f} s, once per model (dynamic shapes); torch {torch.__version__}")
+             f"{step.seconds:.0f} s, once per model (dynamic shapes); torch {torch.__version__}")
     report("The decoding step compiled ahead of time (AOTInductor) against eager", table, notes, args.record)
 
 
