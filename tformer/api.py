@@ -5,6 +5,7 @@ are thin layers over this module.
     translator = tformer.load("runs/m30k")                 # a run folder (its best checkpoint) or a checkpoint
     translator.translate(["A dog runs on the beach ."])[0].text
     translator.translate(lines, beam=5, nbest=3)           # Translation.hypotheses: the n-best list, best first
+    translator.translate(lines, target="fr")               # a multilingual model: which language to write
     translator.translate(lines, prefix=["Ein Hund", None]) # force the start of an output
     translator.translate(lines, beam=5, constraints=[["Strand"], None])  # phrases each output must hold
     translator.translate(lines, alignment=True)[0].hypotheses[0].alignment   # [(source i, target j), ...]
@@ -32,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
@@ -40,13 +40,14 @@ from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from tformer.config import SPEECH_TASKS, Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
+from tformer.config import Config, DecodeConfig, ModelConfig, check_inference_overrides, updated
 from tformer.data.corpus import normalize
 from tformer.decode.phrases import PHRASE_INPUTS
 from tformer.inputs import check_batch_type as _check_batch_type
 from tformer.inputs import check_list as _check_list
 from tformer.inputs import decode_fields  # noqa: F401  (decode_fields: the command line's)
 from tformer.errors import ConfigError, DataError
+from tformer.languages import Languages, language_token
 from tformer import plan as plans_
 from tformer import streams
 from tformer.plan import Decoding, Extras, Plan
@@ -129,6 +130,15 @@ class Translator:
         """The vocabulary entry of each id (SentencePiece pieces keep their '▁' word marks)."""
         return token_labels(self._tokenizer(side), list(ids))
 
+    @property
+    def languages(self) -> Languages | None:
+        """The directions of a multilingual model (tformer.languages; None: one pair, config.data's)."""
+        return Languages.of(self.config.data)
+
+    def language_token(self, target: str | None = None, source: str | None = None) -> int | None:
+        """The id starting a multilingual model's sources for `target` (tformer.languages.language_token)."""
+        return language_token(self.config.data, self.source_tokenizer.vocab, target, source, self.path)
+
     # ---------------------------------------------------------------------------------------- checks
 
     def decode_settings(self, *, beam: int | None = None, nbest: int | None = None, batch_size: int | None = None,
@@ -178,15 +188,16 @@ class Translator:
 
     # ---------------------------------------------------------------------------------------- translate
 
-    def translate(self, sources: Sequence[Any], *, beam: int | None = None, nbest: int | None = None,
-                  prefix: Sequence[str | None] | None = None, batch_size: int | None = None,
-                  batch_type: BatchType = "examples", return_attention: bool = False, alignment: bool = False,
-                  alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
+    def translate(self, sources: Sequence[Any], *, target: str | None = None, source: str | None = None,
+                  beam: int | None = None, nbest: int | None = None, prefix: Sequence[str | None] | None = None,
+                  batch_size: int | None = None, batch_type: BatchType = "examples", return_attention: bool = False,
+                  alignment: bool = False, alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
                   cancelled: Callable[[int], bool] | None = None, **settings: Any) -> list[Translation]:
         """Translate every source (raw sentences, or frame arrays for a frame encoder); one Translation per
-        source, in order. Every source is checked before any is decoded. `prefix`: one string (or None) per
-        source that its outputs must begin with. `batch_size` sentences per batch, or with batch_type
-        'tokens' a budget of padded source tokens (or batch_tokens=N); outputs never depend on it.
+        source, in order. Every source is checked before any is decoded. `target` (and `source`): languages, which a
+        multilingual model needs (its `languages`). `prefix`: one string (or None) per source that its outputs
+        must begin with. `batch_size` sentences per batch, or with batch_type 'tokens' a budget of padded source
+        tokens (or batch_tokens=N); outputs never depend on it.
         `alignment`: each hypothesis gets its hard alignment, for every target piece (not </s>) the source
         piece (not </s>) its cross-attention weighs most, averaged over `alignment_heads` (None: all) of
         decoder layer `alignment_layer` (-1: the last; a universal transformer's ACT step), as pairs
@@ -200,17 +211,18 @@ class Translator:
         phrases a sentence; a length limit too short for them is raised). `settings`: more DecodeConfig
         fields (strategy, len_penalty, min_len, max_len_a, max_len_b, no_repeat_ngram, repetition_penalty,
         temperature, top_k, top_p, seed, batch_tokens; `quantize` is chosen by `tformer.load`)."""
-        return self.run([self.prepare(sources, beam=beam, nbest=nbest, prefix=prefix, batch_size=batch_size,
-                                      batch_type=batch_type, return_attention=return_attention, alignment=alignment,
-                                      alignment_layer=alignment_layer, alignment_heads=alignment_heads,
-                                      **settings)], cancelled)[0]
+        return self.run([self.prepare(sources, target=target, source=source, beam=beam, nbest=nbest, prefix=prefix,
+                                      batch_size=batch_size, batch_type=batch_type, return_attention=return_attention,
+                                      alignment=alignment, alignment_layer=alignment_layer,
+                                      alignment_heads=alignment_heads, **settings)], cancelled)[0]
 
     def warm_up(self, sentences: Sequence[int] = WARM_UP) -> dict[int, float]:
         """Decode a made-up batch of each size, so the first request pays nothing once per shape; seconds per size
         (tformer.inference.warm_up)."""
         return warm_up(self.model, self.config.decode, sentences)
 
-    def prepare(self, sources: Sequence[Any], *, prefix: Sequence[str | None] | None = None, beam: int | None = None,
+    def prepare(self, sources: Sequence[Any], *, target: str | None = None, source: str | None = None,
+                prefix: Sequence[str | None] | None = None, beam: int | None = None,
                 nbest: int | None = None, batch_size: int | None = None, batch_type: BatchType = "examples",
                 return_attention: bool = False, alignment: bool = False, alignment_layer: int = -1,
                 alignment_heads: Sequence[int] | None = None, **inputs_and_settings: Any) -> Plan:
@@ -219,11 +231,12 @@ class Translator:
         (constraints), the others DecodeConfig fields."""
         phrases = {p.name: inputs_and_settings.pop(p.name) for p in PHRASE_INPUTS if p.name in inputs_and_settings}
         _check_list(sources, "sources")
+        lead = self.language_token(target, source)
         decoding = self.decoding(beam=beam, nbest=nbest, batch_size=batch_size, batch_type=batch_type,
                                  return_attention=return_attention, alignment=alignment,
                                  alignment_layer=alignment_layer, alignment_heads=alignment_heads,
                                  **inputs_and_settings)
-        return plans_.prepare(self, decoding, sources, prefix, phrases)
+        return plans_.prepare(self, decoding, sources, prefix, phrases, lead)
 
     def run(self, plans: Sequence[Plan], cancelled: Callable[[int], bool] | None = None
             ) -> list[list[Translation | None]]:
@@ -246,7 +259,7 @@ class Translator:
         return streams.translate_iterable(self, sources, prefix, chunk_size, name, prefix_name, first_line,
                                           dict(options))
 
-    def translate_file(self, source: str | Path | IO[bytes], output: str | Path | IO[str], *,
+    def translate_file(self, source: str | Path | IO[bytes], output: str | Path | IO[str], /, *,
                        prefix_file: str | Path | IO[bytes] | None = None,
                        phrase_files: dict[str, str | Path | IO[bytes]] | None = None, name: str | None = None,
                        prefix_name: str | None = None, chunk_size: int = CHUNK, **options: Any) -> int:
@@ -382,39 +395,24 @@ class Translator:
             out.append(Score(sum(logp), self.pieces(tgt) + ["</s>"], logp, maps, alignment))
         return out
 
-    def load_split(self, split: str = "test"):
-        """A split of the data the model was trained on (its config's data section), as texts and ids
-        (tformer.data.TaskData), read with the checkpoint's tokenizers."""
+    def load_split(self, split: str = "test", pairs: Sequence[str] | None = None):
+        """A split of the data the model was trained on (its config's data section; a multilingual model's
+        directions may be other `pairs` of its languages), as texts and ids (tformer.data.TaskData), read with
+        the checkpoint's tokenizers."""
         from tformer.data import load_task
 
-        return load_task(self.config.data, (split,), tokenizers=self.checkpoint.tokenizers,
-                         feature_dim=self.config.model.feature_dim)
+        data = self.config.data if pairs is None else updated(self.config.data, "data", {"pairs": list(pairs)})
+        return load_task(data, (split,), tokenizers=self.checkpoint.tokenizers, feature_dim=self.config.model.feature_dim)
 
-    def evaluate(self, split: str = "test", **options: Any) -> Evaluation:
+    def evaluate(self, split: str = "test", pairs: Sequence[str] | None = None, **options: Any) -> Evaluation:
         """Teacher-forced loss and token accuracy, then free-running decoding of the split scored by sacreBLEU,
         chrF and tokenized BLEU (translation; into German also with compounds split, as WMT en-de papers
-        report it), CER and WER (speech) or exact match (synthetic tasks).
-        `options`: beam, batch_size and DecodeConfig fields."""
-        from tformer.evaluation import evaluate
-        from tformer.metrics import translation_scores
+        report it; a multilingual model per direction, and their mean), CER and WER (speech) or exact match
+        (synthetic tasks). `pairs`: a multilingual model's directions to score (default: its data.pairs; any
+        pair of the languages it knows, zero-shot ones too). `options`: beam, batch_size and DecodeConfig fields."""
+        from tformer.evaluation import evaluate_split
 
-        cfg = self.config
-        decode = self.decode_settings(**options)
-        self.shortlist(decode)  # checked against the vocabularies
-        data = self.load_split(split)
-        sources, refs = data.texts[split]
-        speech = cfg.data.task in SPEECH_TASKS
-        tic = time.perf_counter()
-        metrics, hyps = evaluate(self.model, data.examples[split], cfg, decode=decode,
-                                 references=refs if speech else None, tokenizer=self.target_tokenizer,
-                                 forced=not self.ensemble)
-        seconds = time.perf_counter() - tic
-        outputs = [self.decode(h) for h in hyps]
-        scores = (translation_scores(outputs, refs, cfg.data.tgt_lang, compound_split=cfg.data.tgt_lang == "de")
-                  if cfg.data.task == "translation" else None)
-        if scores:
-            metrics.update(scores.as_dict())
-        return Evaluation(split, metrics, sources, refs, outputs, decode, seconds, scores)
+        return evaluate_split(self, split, self.decode_settings(**options), pairs)
 
 
 def _device(device: str | torch.device | None) -> torch.device:

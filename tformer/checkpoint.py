@@ -49,11 +49,14 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def validation_key(metrics: dict[str, Any]) -> tuple[float, float]:
-    """How validations rank, larger is better: BLEU (translation), lower character error rate (speech) or
-    exact match (synthetic tasks), ties going to the lower validation loss. Never the test set. Training
+    """How validations rank, larger is better: BLEU (translation; many directions: their mean, or the
+    `selection` of train.best_direction), lower character error rate (speech) or exact match (synthetic
+    tasks), ties going to the lower validation loss. Never the test set. Training
     points `best` at the checkpoint ranked first; pruning keeps the `keep_best` first (`ranked_checkpoints`)."""
     if "cer" in metrics:
         return -metrics["cer"], -metrics["loss"]
+    if "selection" in metrics:  # a multilingual run's chosen direction (train.best_direction)
+        return metrics["selection"], -metrics["loss"]
     return metrics.get("bleu" if "bleu" in metrics else "exact_match", 0.0), -metrics["loss"]
 
 

@@ -174,6 +174,12 @@ class DataConfig:
     train_prefix: str = "train"  # translation files: the training split's name ({dir}/{train_prefix}.{lang})
     valid_prefix: str = "valid"  # ... the validation split's
     test_prefix: str = "test"  # ... the test split's
+    pairs: tuple[str, ...] = ()  # many directions in one model (format files): 'SRC-TGT' each, read from
+    # {dir}/{prefix}.{SRC} and .{TGT}; each source starts with its target's token <2TGT> (tformer.languages).
+    # Empty: the one pair src_lang -> tgt_lang
+    temperature: float = 1.0  # pairs: direction d is drawn with probability ~ n_d ** (1 / temperature) (1: as
+    # its size; higher: flatter); smaller directions are repeated to reach it (nothing is dropped), and the
+    # shared SentencePiece model learns from each language's text in the same proportions
     tsv: str = ""  # format tsv: the path of the tab-separated file
     tsv_columns: tuple[int, int] = (0, 1)  # 0-based columns of source and target
     subword: Literal["bpe", "unigram"] = "bpe"  # the SentencePiece model type
@@ -247,6 +253,15 @@ class DataConfig:
         _check(0 <= self.gap_frames < self.min_frames, "data.gap_frames",
                f"must be in [0, min_frames={self.min_frames}) so a gap cannot pass for a space, got {self.gap_frames}")
         _check(self.noise >= 0, "data.noise", f"must be >= 0, got {self.noise}")
+        _check(self.temperature > 0, "data.temperature", f"must be > 0, got {self.temperature}")
+        if self.pairs:
+            from tformer.languages import parse_pairs
+
+            parse_pairs(self.pairs)
+            _check(self.task == "translation" and self.format == "files", "data.pairs",
+                   "lists the directions of a translation corpus in files (data.task=translation, data.format=files)")
+            _check(self.joint_vocab, "data.pairs", "a multilingual model shares one vocabulary across its languages: "
+                   "set data.joint_vocab=true")
         _check(self.task != "synthetic_speech" or self.symbols <= 26, "data.symbols",
                f"synthetic_speech transcribes letters: at most 26 symbols, got {self.symbols}")
 
@@ -282,6 +297,8 @@ class TrainConfig:
     target_exact_match: float = 0.0  # stop once validation exact match reaches this (0 = never)
     patience: int = 0  # stop after this many evaluations without a better best checkpoint (0 = never)
     valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
+    best_direction: str = ""  # data.pairs: the direction whose validation BLEU chooses the best checkpoint
+    # ('en-fr'); empty: the mean over the directions
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when PyTorch sees a GPU, else cpu
 
@@ -436,6 +453,8 @@ class Config:
         _check(not (n and tables) or n <= m.max_positions, "train.random_positions",
                f"draws positions up to {n - 1}, past the learned table of model.max_positions={m.max_positions} "
                f"rows ({', '.join(sorted(tables))}): raise model.max_positions to at least {n}")
+        _check(not self.train.best_direction or self.train.best_direction in self.data.pairs, "train.best_direction",
+               f"{self.train.best_direction!r} is not one of data.pairs ({', '.join(self.data.pairs) or 'none'})")
         _check(not (n and m.untie_first), "train.random_positions",
                "model.untie_first unties position 0, which randomised positions rarely draw: use one or the other")
 

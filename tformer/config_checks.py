@@ -121,6 +121,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         return coerce(value, next(a for a in args if a is not type(None)), key)
     if origin is tuple:
         args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: a list of any length
+            check(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
+            return tuple(coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
         check(isinstance(value, (list, tuple)) and len(value) == len(args), key,
                f"must be a list of {len(args)} values, got {value!r}")
         return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))

@@ -5,7 +5,7 @@ the streaming forms, tformer serve and the explorer all go through the two.
     Decoding(cfg, extras, batch_type)   how a batch is decoded: one object, compared whole
     Plan(decoding, sources, prefixes, phrases, widths)   one caller's sentences; .key: which plans may share a call
     join(plans) -> Plan                 plans of one key as one (run decodes their sentences together)
-    make_plan(translator, decoding, sources, prefixes, phrases, where)   the checks, each text tokenised once
+    make_plan(translator, decoding, sources, prefixes, phrases, where, lead)   the checks, each text tokenised once
 
 Phrase inputs (per-sentence lists of target phrases: constraints, ...) are read from
 tformer.decode.PHRASE_INPUTS: a new one needs no change here.
@@ -160,10 +160,11 @@ def spelling(t: Translator) -> Callable[[str, str], list[int]]:
 
 
 def make_plan(t: Translator, decoding: Decoding, sources: Sequence[Any], prefixes: Sequence[Any] | None,
-              phrases: Mapping[str, Sequence[Any]], where: Where) -> Plan:
+              phrases: Mapping[str, Sequence[Any]], where: Where, lead: int | None = None) -> Plan:
     """A Plan of sentences whose lists are known to be in step (one prefix, one phrase list per source):
     every entry checked, each text tokenised once. `phrases`: PHRASE_INPUTS names -> one list of target
-    phrases (or None) per source."""
+    phrases (or None) per source. `lead`: a token every (non-empty) source starts with, a multilingual model's
+    target language (`Translator.language_token`): plans for different targets still decode together."""
     targets = None if prefixes is None else tuple(prefix_ids(t, p, where("prefix", i)) for i, p in enumerate(prefixes))
     spell = spelling(t)
     checked = {}
@@ -172,6 +173,8 @@ def make_plan(t: Translator, decoding: Decoding, sources: Sequence[Any], prefixe
         checked[name] = tuple(sentence_phrases(phrase, v, where(name, i), spell) for i, v in enumerate(per))
         check_strategy(phrase, decoding.cfg.strategy, any(checked[name]))
     sources_ = tuple(source_input(t, s, where("sources", i)) for i, s in enumerate(sources))
+    if lead is not None:
+        sources_ = tuple(None if s is None else (lead, *s) for s in sources_)
     return Plan(decoding, sources_, targets, checked, tuple(width(s) for s in sources_))
 
 
@@ -183,7 +186,7 @@ def width(source: tuple[int, ...] | Tensor | None) -> int:
 
 
 def prepare(t: Translator, decoding: Decoding, sources: Sequence[Any], prefix: Sequence[Any] | None,
-            phrases: Mapping[str, Sequence[Any] | None]) -> Plan:
+            phrases: Mapping[str, Sequence[Any] | None], lead: int | None = None) -> Plan:
     """`Translator.prepare`'s checks of its lists (one entry per source), then `make_plan`."""
     check_list(sources, "sources")
     if prefix is not None:
@@ -191,7 +194,7 @@ def prepare(t: Translator, decoding: Decoding, sources: Sequence[Any], prefix: S
     given = {name: per for name, per in phrases.items() if per is not None}
     for name, per in given.items():
         check_per_source(per, name, len(sources), "one list of phrases")
-    return make_plan(t, decoding, sources, prefix, given, lambda what, i: f"{what}[{i}]")
+    return make_plan(t, decoding, sources, prefix, given, lambda what, i: f"{what}[{i}]", lead)
 
 
 def phrase_lines(line: str) -> list[str] | None:

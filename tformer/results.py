@@ -4,7 +4,7 @@ for them: Moses n-best and Marian alignment lines, `tformer score`'s tsv/jsonl, 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tformer.config import DecodeConfig
@@ -62,6 +62,7 @@ class Evaluation:
     decode: DecodeConfig  # the settings decoding used
     seconds: float  # wall time of the evaluation
     scores: TranslationScores | None = None  # translation: the scores with their sacreBLEU signatures
+    directions: dict[str, TranslationScores] = field(default_factory=dict)  # a multilingual model: per direction
 
 
 def format_alignment(alignment: Alignment) -> str:

@@ -21,6 +21,9 @@ def add_parser(sub) -> None:
     sp.add_argument("--examples", type=int, default=0, help="also print this many decoded examples")
     sp.add_argument("--output", help="write the detokenised hypotheses here, one per line")
     sp.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
+    sp.add_argument("--pairs", nargs="+", metavar="SRC-TGT",
+                    help="a multilingual model: the directions to score (default: data.pairs; others of its "
+                    "languages are zero-shot), each on its own and their mean")
     common.decoding(sp)
     common.overrides(sp, common.INFERENCE_OVERRIDES)
     sp.set_defaults(func=run)
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         common.print_config(cfg)
         return 0
-    result = translator.evaluate(args.split)
+    result = translator.evaluate(args.split, args.pairs)
     metrics, scores = result.metrics, result.scores
     if args.output:
         with common.output(args.output) as f:
@@ -61,17 +64,25 @@ def run(args: argparse.Namespace) -> int:
     if by_length:
         report["exact_match_by_length"] = {str(n): {"exact_match": e / c, "n": c} for n, (e, c) in by_length.items()}
     if scores:
-        report["signatures"] = {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature,
-                                "tok_bleu": scores.tok_bleu_signature, "tok_bleu_lc": scores.tok_bleu_lc_signature,
-                                **({"tok_bleu_compound": scores.tok_bleu_compound_signature}
-                                   if scores.tok_bleu_compound is not None else {})}
+        report["signatures"] = _signatures(scores)
+    if result.directions:
+        report["directions"] = {name: {**s.as_dict(), "signatures": _signatures(s)}
+                                for name, s in result.directions.items()}
     if args.json:
         print(json.dumps(report))
     else:
         print(f"checkpoint {translator.path}  split {args.split} ({metrics['n']} examples)")
         print(f"  loss {metrics['loss']:.4f}  nll {metrics['nll']:.4f}  ppl {metrics['ppl']:.3f}  "
               f"token accuracy (teacher-forced) {metrics['token_acc']:.4f}")
-        if scores:
+        if result.directions:
+            print(f"  {'direction':10} {'sacreBLEU':>9} {'chrF':>6} {'tok BLEU':>8} {'lc tok BLEU':>11}")
+            rows = [*((n, s.as_dict()) for n, s in result.directions.items()), ("mean", metrics)]
+            for name, d in rows:
+                print(f"  {name:10} {d['bleu']:9.2f} {d['chrf']:6.2f} {d['tok_bleu']:8.2f} {d['tok_bleu_lc']:11.2f}")
+            first = next(iter(result.directions.values()))
+            print(f"  signatures: {first.bleu_signature}; {first.tok_bleu_lc_signature} (lowercased tokenized BLEU: "
+                  "the figure Multi30k papers report)")
+        elif scores:
             print(f"  sacreBLEU      {scores.bleu:6.2f}   {scores.bleu_signature}")
             print(f"  chrF           {scores.chrf:6.2f}   {scores.chrf_signature}")
             print(f"  tokenized BLEU {scores.tok_bleu:6.2f}   {scores.tok_bleu_signature}")
@@ -90,3 +101,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  decoding: {common.describe_decode(cfg)}; {result.seconds:.1f}s")
     common.show_examples(result.sources, result.references, result.outputs, args.examples)
     return 0
+
+
+def _signatures(scores) -> dict[str, str]:
+    return {"bleu": scores.bleu_signature, "chrf": scores.chrf_signature, "tok_bleu": scores.tok_bleu_signature,
+            "tok_bleu_lc": scores.tok_bleu_lc_signature,
+            **({"tok_bleu_compound": scores.tok_bleu_compound_signature} if scores.tok_bleu_compound is not None
+               else {})}

@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     sp.add_argument("--checkpoint", required=True, action="append", help=common.ENSEMBLE_HELP)
     sp.add_argument("--input", help="input file, plain or gzip (default: standard input)")
     sp.add_argument("--output", help="output file (default: standard output)")
+    sp.add_argument("--target", metavar="LANG", help="the language to write (a multilingual model: one of its "
+                    "data.pairs targets; the error names them)")
+    sp.add_argument("--source", metavar="LANG", help="the input's language, checked against the model's")
     sp.add_argument("--prefix-file", metavar="FILE", help="one target prefix per input line (plain or gzip; an "
                     "empty line: none): each translation begins with its prefix and the model goes on from there; "
                     "the file must have as many lines as the input")
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.split or args.format == "html" or args.glossary:
         return _documents(args, translator)
     nbest = translator.config.decode.nbest > 1
-    options = common.alignment_options(args)
+    options = {**common.alignment_options(args), "target": args.target, "source": args.source}
     translator.translate_iterable([], **options)  # the options checked before any line is read
     phrase_files = {p.name: getattr(args, p.name) for p in PHRASE_INPUTS if getattr(args, p.name)}
     print(f"tformer: translating with {common.describe_decode(translator.config, common.decode_overrides(args))}",
@@ -120,12 +123,13 @@ def _documents(args: argparse.Namespace, translator) -> int:
 
         line = raw[: e.start].count(b"\n") + 1
         raise DataError(f"{name}, line {line}: not UTF-8 (byte {e.start}); save it as UTF-8") from None
+    languages = dict(lang=args.source, target=args.target, source=args.source)
     if args.format == "html":
-        out = translate_documents(translator, [text], format="html", split=True, glossary=glossary)[0]
+        out = translate_documents(translator, [text], format="html", split=True, glossary=glossary, **languages)[0]
     else:
         lines = text.splitlines()
         out = "".join(t + "\n" for t in translate_documents(translator, lines, split=args.split,
-                                                            glossary=glossary))
+                                                            glossary=glossary, **languages))
     with writing(args.output or sys.stdout) as f:
         f.write(out)
     return 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Callable, Iterator, Sequence
 
@@ -17,6 +17,7 @@ from tformer.data.text import read_parallel
 from tformer.data.tokenizer import SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
 from tformer.errors import ConfigError, DataError
+from tformer.languages import Directions
 
 Pair = tuple[list[str], list[str]]
 Tokenizers = tuple[Tokenizer, Tokenizer]
@@ -85,6 +86,7 @@ class TaskData:
     texts: Mapping[str, tuple[list[str], list[str]]]  # per split: source and reference sentences (kept pairs)
     examples: dict[str, Sequence[Example]]  # ids, no specials; a prepared training split stays on disk (mmap)
     feature_stats: "tuple[Tensor, Tensor] | None" = None  # speech: the training frames' mean and std (F,) (CMVN)
+    directions: "dict[str, Directions]" = field(default_factory=dict)  # data.pairs: per split, each example's
 
     @property
     def src_vocab(self) -> Vocab:
@@ -131,7 +133,8 @@ def _load_translation(cfg: DataConfig, splits: tuple[str, ...], joint: bool, tok
         raise ConfigError(f"config key 'model.share_embeddings' needs one joint vocabulary, but data.prepared="
                           f"{cfg.prepared} has one per side; prepare it with data.joint_vocab=true")
     examples = {s: corpus.examples(s) if s == "train" else list(corpus.examples(s)) for s in splits}
-    return TaskData(corpus.tokenizers, LazyTexts(splits, corpus.texts), examples)
+    directions = {s: d for s in splits if (d := corpus.directions(s)) is not None}
+    return TaskData(corpus.tokenizers, LazyTexts(splits, corpus.texts), examples, directions=directions)
 
 
 def _load_speech(cfg: DataConfig, splits: tuple[str, ...], tokenizers: Tokenizers | None, feature_dim: int,

@@ -43,7 +43,9 @@ from tformer.data.prepared import (FORMAT, MANIFEST, VERSION, PreparedCorpus, lo
                                    write_shard)
 from tformer.data.synthetic import SPLITS
 from tformer.data.tokenizer import Tokenizer
-from tformer.data.translation import corpus_files, read_split, train_tokenizers
+from tformer.data.vocab import Vocab
+from tformer.data.translation import corpus_files, language_files, pair_files, read_split, train_tokenizers
+from tformer.languages import Languages, tag
 from tformer.errors import DataError
 
 log = logging.getLogger("tformer")
@@ -90,6 +92,7 @@ class Source:
     count: int
     inputs: list[dict[str, Any]]  # name, bytes, SHA-256 of each file read
     pairs: Callable[[], Iterator[tuple[str, str]]]
+    directions: tuple[tuple[str, int], ...] = ()  # data.pairs: each direction's name and raw pairs, in order
 
 
 def file_info(path: Path) -> dict[str, Any]:
@@ -107,12 +110,24 @@ def source_inputs(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
 
 
 def open_source(cfg: DataConfig, split: str) -> Source:
-    files = corpus_files(cfg, split)
-    inputs = [file_info(p) for p in files]
+    """A split's raw pairs; with data.pairs, every direction's one after the other (`Source.directions`)."""
     if cfg.format == "tsv":  # small by nature (the split needs every source sentence): in memory
+        inputs = [file_info(p) for p in corpus_files(cfg, split)]
         corpus = read_split(cfg, split)
         return Source(split, corpus.origin, len(corpus), inputs, lambda: zip(corpus.src, corpus.tgt))
-    src_path, tgt_path = files
+    parts = [_pair_source(split, src, tgt) for _, src, tgt in pair_files(cfg, split)]
+    if not cfg.pairs:
+        return parts[0]
+    names = [name for name, _, _ in pair_files(cfg, split)]
+    inputs = list({i["name"] + i["sha256"]: i for p in parts for i in p.inputs}.values())
+    return Source(split, f"{cfg.dir} ({', '.join(names)})", sum(p.count for p in parts), inputs,
+                  lambda: chain.from_iterable(p.pairs() for p in parts),
+                  tuple((name, p.count) for name, p in zip(names, parts)))
+
+
+def _pair_source(split: str, src_path: Path, tgt_path: Path) -> Source:
+    files = [src_path, tgt_path]
+    inputs = [file_info(p) for p in files]
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     origin = f"{src_path} + {tgt_path}"
     if n_src != n_tgt:
@@ -142,12 +157,16 @@ def identity(cfg: DataConfig, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
         "filter": {"max_len": cfg.filter_max_len, "max_ratio": cfg.filter_max_ratio},
         "shard_size": cfg.shard_size,
     }
+    if cfg.pairs:  # the directions, in order, decide the tags and the shards' order
+        out["pairs"] = list(cfg.pairs)
     if tokenizers is not None:
         out["tokenizer"] = {"given": [t.fingerprint() for t in tokenizers]}
     else:
         out["tokenizer"] = {"subword": cfg.subword, "vocab_size": cfg.vocab_size, "joint": cfg.joint_vocab,
                             "character_coverage": cfg.character_coverage, "sample": cfg.tokenizer_sample,
                             "seed": cfg.seed, "train": [file_info(p)["sha256"] for p in corpus_files(cfg, "train")]}
+        if cfg.pairs:
+            out["tokenizer"]["temperature"] = cfg.temperature
     return out
 
 
@@ -232,6 +251,11 @@ def _tokenizers(cfg: DataConfig, out: Path, manifest: dict[str, Any],
     info: dict[str, Any] = {}
     if given is not None:
         toks = given
+    elif cfg.pairs:
+        sentences, info = _language_sample(cfg)
+        tic = time.perf_counter()
+        toks = train_tokenizers(cfg, Corpus(sentences, [], cfg.dir), Languages.of(cfg).tags)
+        info["seconds"] = round(time.perf_counter() - tic, 2)
     else:
         source = open_source(cfg, "train")
         src, tgt, info = _sample(source, cfg.tokenizer_sample, cfg.seed)
@@ -271,6 +295,26 @@ def _sample(source: Source, size: int, seed: int) -> tuple[list[str], list[str],
     return src, tgt, {"pairs": len(src), "of": n, "seed": seed if chosen is not None else None}
 
 
+def _language_sample(cfg: DataConfig) -> tuple[list[str], dict[str, Any]]:
+    """A multilingual model's SentencePiece text: each language's training sentences (each file once), language l
+    given a share ~ n_l ** (1 / data.temperature) of 2 x data.tokenizer_sample sentences (0: all), at most all of
+    its own; drawn without replacement, seeded by data.seed, in file order."""
+    files = language_files(cfg, "train")
+    sizes = {lang: sum(count_lines(p) for p in paths) for lang, paths in files.items()}
+    total = sum(sizes.values())
+    budget = 2 * cfg.tokenizer_sample or total
+    weight = {lang: n ** (1 / cfg.temperature) for lang, n in sizes.items()}
+    share = {lang: min(n, round(budget * weight[lang] / sum(weight.values()))) for lang, n in sizes.items()}
+    sentences: list[str] = []
+    for k, (lang, paths) in enumerate(files.items()):
+        n, want = sizes[lang], share[lang]
+        chosen = None if want >= n else set(np.random.default_rng([cfg.seed, k]).choice(n, want, replace=False).tolist())
+        lines = chain.from_iterable(iter_lines(p) for p in paths)
+        sentences.extend(normalize(line) for i, line in enumerate(lines) if chosen is None or i in chosen)
+    log.info("SentencePiece learns from %s", ", ".join(f"{share[lang]:,} {lang}" for lang in files))
+    return sentences, {"sentences": share, "of": sizes, "temperature": cfg.temperature, "seed": cfg.seed}
+
+
 _WORKER: dict[str, Any] = {}
 
 
@@ -278,29 +322,38 @@ def _init_worker(src: Tokenizer, tgt: Tokenizer, dtype: str) -> None:
     _WORKER.update(src=src, tgt=tgt, dtype=np.dtype(dtype))
 
 
-def _encode_shard(folder: Path, k: int, first: int, pairs: list[tuple[str, str]], limits: tuple[int, float] | None
-                  ) -> dict[str, Any]:
-    """Normalise, encode, filter (`limits`: training) and write shard `k`, whose first raw pair is line `first`."""
+def _encode_shard(folder: Path, k: int, first: int, pairs: list[tuple[str, str]], limits: tuple[int, float] | None,
+                  tags: list[tuple[int, int]] | None = None) -> dict[str, Any]:
+    """Normalise, encode, filter (`limits`: training) and write shard `k`, whose first raw pair is line `first`.
+    `tags` (data.pairs): each direction's first raw line and target-language token, put before its sources; the
+    receipt counts the pairs kept of each direction."""
     src_tok, tgt_tok, dtype = _WORKER["src"], _WORKER["tgt"], _WORKER["dtype"]
-    tokens, lengths, texts, empty = [], [], [], []
+    tokens, lengths, texts, empty, kept = [], [], [], [], []
     dropped: Counter = Counter()
     for c in range(0, len(pairs), CHUNK):
         chunk = pairs[c : c + CHUNK]
         src_text = [normalize(s) for s, _ in chunk]
         tgt_text = [normalize(t) for _, t in chunk]
         src_ids, tgt_ids = src_tok.encode_batch(src_text), tgt_tok.encode_batch(tgt_text)
+        if tags is not None:
+            which = np.searchsorted([line for line, _ in tags], np.arange(first + c, first + c + len(chunk)), "right") - 1
+            src_ids = [[tags[d][1], *ids] for d, ids in zip(which.tolist(), src_ids)]
         if limits is not None:
             keep, report = filter_pairs([len(s) for s in src_ids], [len(t) for t in tgt_ids], *limits)
             dropped.update(report.dropped)
         else:
             keep = range(len(chunk))
             empty.extend(first + c + i for i in keep if not src_text[i] or not tgt_text[i])
+        if tags is not None:
+            kept.append(which[list(keep)])
         tokens.append(np.fromiter(chain.from_iterable(chain(src_ids[i], tgt_ids[i]) for i in keep), dtype=dtype))
         lengths.append(np.array([(len(src_ids[i]), len(tgt_ids[i])) for i in keep], dtype=np.int64).reshape(-1, 2))
         texts.extend(f"{src_text[i]}\t{tgt_text[i]}" for i in keep)
-    return write_shard(folder, k, np.concatenate(tokens), np.concatenate(lengths), texts,
-                       {"first_line": first, "raw": len(pairs), "dropped": dict(dropped), "empty": empty[:5],
-                        "n_empty": len(empty)})
+    receipt = {"first_line": first, "raw": len(pairs), "dropped": dict(dropped), "empty": empty[:5],
+               "n_empty": len(empty)}
+    if tags is not None:
+        receipt["directions"] = np.bincount(np.concatenate(kept), minlength=len(tags)).tolist()
+    return write_shard(folder, k, np.concatenate(tokens), np.concatenate(lengths), texts, receipt)
 
 
 def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokenizer, Tokenizer],
@@ -319,6 +372,7 @@ def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokeni
     if receipts:
         log.info("%s: %d of %d %s shards already prepared; encoding the rest", out, len(receipts), n_shards, split)
     limits = (cfg.filter_max_len, cfg.filter_max_ratio) if split == "train" else None
+    tags = _direction_tags(source, toks[0])
     workers = workers or cfg.workers or os.cpu_count() or 1
     workers = max(1, min(workers, n_shards - len(receipts)))
     bar = tqdm(total=source.count, initial=sum(r["raw"] for r in receipts.values()), unit="pair", unit_scale=True,
@@ -331,7 +385,7 @@ def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokeni
         for k, chunk in chunks:
             if k in receipts:
                 continue
-            pending[submit(_encode_shard, folder, k, k * size + 1, chunk, limits)] = k
+            pending[submit(_encode_shard, folder, k, k * size + 1, chunk, limits, tags)] = k
             while len(pending) > workers:  # a bounded number of shards in memory at once
                 _collect(pending, receipts, bar, cf.FIRST_COMPLETED)
         while pending:
@@ -355,9 +409,28 @@ def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokeni
                         source.origin, n_empty, split, ", ".join(map(str, lines)) + (" ..." if n_empty > 5 else ""))
     seconds = time.perf_counter() - tic
     log.info("%s: %s pairs encoded into %d shard(s) in %.0f s", split, f"{kept:,}", n_shards, seconds)
-    return {"inputs": source.inputs, "complete": True, "raw_pairs": source.count, "pairs": kept,
-            "tokens": sum(r["tokens"] for r in ordered), "shards": n_shards, "dropped": dict(dropped),
-            "seconds": round(seconds, 2)}
+    entry = {"inputs": source.inputs, "complete": True, "raw_pairs": source.count, "pairs": kept,
+             "tokens": sum(r["tokens"] for r in ordered), "shards": n_shards, "dropped": dict(dropped),
+             "seconds": round(seconds, 2)}
+    if tags is not None:
+        entry["directions"] = [name for name, _ in source.directions]
+    return entry
+
+
+def _direction_tags(source: Source, tok: Tokenizer) -> list[tuple[int, int]] | None:
+    """Each direction's first raw line (1-based) and the id of its target's token (None: one direction)."""
+    if not source.directions:
+        return None
+    out, line = [], 1
+    for name, count in source.directions:
+        piece = tag(name.split("-")[1])
+        ids = tok.vocab.encode([piece])
+        if ids[0] == Vocab.unk:
+            raise DataError(f"the tokenizer has no piece {piece} for direction {name}: prepare the corpus with a "
+                            "tokenizer trained for data.pairs (or add the direction to data.pairs before training)")
+        out.append((line, ids[0]))
+        line += count
+    return out
 
 
 def _collect(pending: dict[cf.Future, int], receipts: dict[int, dict[str, Any]], bar: tqdm, when: str) -> None:

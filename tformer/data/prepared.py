@@ -40,6 +40,7 @@ import numpy as np
 from tformer.data.tokenizer import PieceTableTokenizer, SubwordTokenizer, Tokenizer
 from tformer.data.vocab import Vocab
 from tformer.errors import DataError
+from tformer.languages import Directions
 from tformer.files import replace_atomically
 
 FORMAT = "tformer-prepared"
@@ -275,6 +276,18 @@ class PreparedCorpus:
                     "to rebuild it")
             receipts.append(receipt)
         return ShardedExamples(folder, receipts, np.dtype(self.manifest["dtype"]))
+
+    def directions(self, split: str) -> "Directions | None":
+        """Which direction each kept pair of a multilingual split belongs to (None: one direction)."""
+        names = self.entry(split).get("directions")
+        if not names:
+            return None
+        counts = [(read_receipt(self.path / split, k) or {}).get("directions") for k in range(self.entry(split)["shards"])]
+        if any(c is None or len(c) != len(names) for c in counts):
+            raise DamagedCorpusError(f"{self.path / split}: a shard's receipt lacks its directions' counts; run "
+                                     "`tformer prepare` with the same settings again to rebuild it")
+        per_shard = [np.repeat(np.arange(len(names), dtype=np.int16), c) for c in counts]
+        return Directions(tuple(names), np.concatenate(per_shard))
 
     def texts(self, split: str) -> tuple[list[str], list[str]]:
         """The normalised source and target sentences of the split's kept pairs, in order."""

@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
 from tformer.data.vocab import SPECIALS, Vocab
 from tformer.errors import ConfigError, DataError
@@ -110,9 +110,11 @@ class SubwordTokenizer:
 
 
 def train_sentencepiece(sentences: list[str], vocab_size: int, model_type: str = "bpe",
-                        character_coverage: float = 1.0, seed_name: str = "") -> SubwordTokenizer:
+                        character_coverage: float = 1.0, seed_name: str = "", symbols: Sequence[str] = ()
+                        ) -> SubwordTokenizer:
     """Train on `sentences` (the training split only). Deterministic: the input is written in the given
-    order, sampling and shuffling are off and one thread trains."""
+    order, sampling and shuffling are off and one thread trains. `symbols`: strings that are always one piece
+    each (user-defined symbols: a multilingual model's <2xx> tokens)."""
     import sentencepiece as spm
 
     buf = io.BytesIO()
@@ -122,6 +124,7 @@ def train_sentencepiece(sentences: list[str], vocab_size: int, model_type: str =
             model_type=model_type, character_coverage=character_coverage, pad_id=0, bos_id=1, eos_id=2,
             unk_id=3, pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
             input_sentence_size=0, shuffle_input_sentence=False, num_threads=1, max_sentence_length=1 << 16,
+            user_defined_symbols=list(symbols),
             minloglevel=2,
         )
     except RuntimeError as e:

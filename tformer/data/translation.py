@@ -14,6 +14,7 @@ from tformer.config import DataConfig
 from tformer.data.corpus import Corpus, read_aligned, read_tsv, split_corpus
 from tformer.data.tokenizer import SubwordTokenizer, train_sentencepiece
 from tformer.errors import DataError
+from tformer.languages import parse_pairs
 
 log = logging.getLogger("tformer")
 
@@ -26,13 +27,36 @@ def _file_for(folder: Path, prefix: str, lang: str) -> Path:
                     f"(tformer data multi30k --out DIR downloads Multi30k)")
 
 
+def pair_files(cfg: DataConfig, split: str) -> list[tuple[str, Path, Path]]:
+    """Each direction of a corpus in files, (name, source file, target file): the one pair src_lang-tgt_lang,
+    or every one of data.pairs. A direction's files are in {dir}/{SRC}-{TGT}/ when that folder exists (pairs
+    from different corpora), else in {dir} (a multi-way corpus, one file per language: Multi30k)."""
+    prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
+    out = []
+    for src, tgt in parse_pairs(cfg.pairs) if cfg.pairs else ((cfg.src_lang, cfg.tgt_lang),):
+        folder = Path(cfg.dir) / f"{src}-{tgt}"
+        folder = folder if folder.is_dir() else Path(cfg.dir)
+        out.append((f"{src}-{tgt}", _file_for(folder, prefix, src), _file_for(folder, prefix, tgt)))
+    return out
+
+
 def corpus_files(cfg: DataConfig, split: str) -> list[Path]:
+    """The files a split is read from, each once."""
     if cfg.format == "tsv":
         if not Path(cfg.tsv).is_file():
             raise DataError(f"{cfg.tsv} does not exist; check data.tsv")
         return [Path(cfg.tsv)]
-    prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-    return [_file_for(Path(cfg.dir), prefix, cfg.src_lang), _file_for(Path(cfg.dir), prefix, cfg.tgt_lang)]
+    return list(dict.fromkeys(f for _, s, t in pair_files(cfg, split) for f in (s, t)))
+
+
+def language_files(cfg: DataConfig, split: str) -> dict[str, list[Path]]:
+    """Each language's files of a split (the text a shared tokenizer learns from), each file once."""
+    out: dict[str, list[Path]] = {}
+    for name, s, t in pair_files(cfg, split):
+        for lang, path in zip(name.split("-"), (s, t)):
+            if path not in out.setdefault(lang, []):
+                out[lang].append(path)
+    return out
 
 
 @functools.lru_cache(maxsize=2)
@@ -61,9 +85,12 @@ def read_split(cfg: DataConfig, split: str) -> Corpus:
     return corpus
 
 
-def train_tokenizers(cfg: DataConfig, train: Corpus) -> tuple[SubwordTokenizer, SubwordTokenizer]:
-    """SentencePiece on the training split only: one joint model, or one per side."""
-    kw = dict(vocab_size=cfg.vocab_size, model_type=cfg.subword, character_coverage=cfg.character_coverage)
+def train_tokenizers(cfg: DataConfig, train: Corpus, symbols: tuple[str, ...] = ()
+                     ) -> tuple[SubwordTokenizer, SubwordTokenizer]:
+    """SentencePiece on the training split only: one joint model, or one per side. `symbols` (the target-language
+    tokens of a multilingual model) are pieces of their own."""
+    kw = dict(vocab_size=cfg.vocab_size, model_type=cfg.subword, character_coverage=cfg.character_coverage,
+              symbols=symbols)
     log.info("training %s SentencePiece (%s, %d pieces) on %d training pairs", "a joint" if cfg.joint_vocab
              else "source and target", cfg.subword, cfg.vocab_size, len(train))
     if cfg.joint_vocab:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Any, Iterator, Sequence
@@ -11,7 +12,10 @@ import numpy as np
 from tformer.config import Config
 from tformer.data import Batch, Example, Vocab, collate, model_lengths
 from tformer.data.batching import BatchPlan
+from tformer.languages import Directions, sampled
 from tformer.training.distributed import Context
+
+log = logging.getLogger("tformer")
 
 
 class Batches:
@@ -23,10 +27,19 @@ class Batches:
     RELEASE_EVERY = 256  # updates between handing mapped pages back
 
     def __init__(self, examples: Sequence[Example], cfg: Config, ctx: Context,
-                 sampling: "SubwordSampling | None" = None) -> None:
+                 sampling: "SubwordSampling | None" = None, directions: Directions | None = None) -> None:
         t = cfg.train
         self.examples, self.seed, self.ctx, self.sampling = examples, t.seed, ctx, sampling
-        self.plan = BatchPlan(*model_lengths(examples, cfg.model.frame_rate), t.max_tokens, t.max_sentences)
+        src, tgt = model_lengths(examples, cfg.model.frame_rate)
+        # data.pairs with a temperature: an epoch's examples, smaller directions repeated (languages.sampled)
+        self.pool = None if directions is None else sampled(directions, cfg.data.temperature, t.seed)
+        if self.pool is not None:
+            src, tgt = src[self.pool], tgt[self.pool]
+            drawn = np.bincount(directions.of[self.pool], minlength=len(directions.names))
+            times = ", ".join(f"{name} x{k / n:.2f}" for (name, n), k in zip(directions.sizes().items(), drawn))
+            log.info("directions drawn with temperature %g: %s examples an epoch (%s)", cfg.data.temperature,
+                     f"{len(self.pool):,}", times)
+        self.plan = BatchPlan(src, tgt, t.max_tokens, t.max_sentences)
         self.group = t.accum_steps * ctx.world
         self.per_epoch = -(-len(self.plan) // self.group)
 
@@ -36,7 +49,7 @@ class Batches:
         release = getattr(self.examples, "release", None)
         for u in range(start, self.per_epoch):
             mine = range(u * self.group, min((u + 1) * self.group, len(batches)))[self.ctx.rank :: self.ctx.world]
-            yield [self._collate(batches[b], epoch, b) for b in mine]
+            yield [self._collate(batches[b] if self.pool is None else self.pool[batches[b]], epoch, b) for b in mine]
             if release is not None and u % self.RELEASE_EVERY == self.RELEASE_EVERY - 1:
                 release()
 

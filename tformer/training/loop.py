@@ -125,7 +125,9 @@ class Trainer:
         self.valid_refs = data.texts["valid"][1] if cfg.data.task in ("translation", *SPEECH_TASKS) else None
         sampling = (SubwordSampling(data.texts["train"], data.tokenizers, cfg.data.subword_sampling)
                     if cfg.data.subword_sampling else None)
-        self.batches = Batches(self.train_examples, cfg, ctx, sampling)  # planned before the model (its temporaries)
+        self.valid_directions = data.directions.get("valid")
+        self.batches = Batches(self.train_examples, cfg, ctx, sampling,  # planned before the model (its temporaries)
+                               data.directions.get("train"))
         self.model = build_model(cfg.model, len(data.src_vocab), len(data.tgt_vocab)).to(ctx.device)
         if cfg.model.cmvn and data.feature_stats is not None:  # a checkpoint's own statistics replace these below
             self.model.src_embed.set_cmvn(*(s.to(ctx.device) for s in data.feature_stats))
@@ -397,7 +399,8 @@ class Trainer:
 
     def _evaluate_on_main(self) -> dict[str, Any]:
         state = self.state
-        metrics = validate(self.model, self.valid_examples, self.cfg, self.valid_refs, self.tokenizers[1], self.ema)
+        metrics = validate(self.model, self.valid_examples, self.cfg, self.valid_refs, self.tokenizers[1], self.ema,
+                           self.valid_directions)
         if self.recorder is not None:
             self.recorder.record(self.model, state.step)
         if self.t.target_exact_match and metrics.get("exact_match", 0.0) >= self.t.target_exact_match:

@@ -1,0 +1,158 @@
+"""Many languages in one model: its directions, and the target-language token that chooses what it writes.
+
+A multilingual model is trained on `data.pairs`, directions such as en-de, en-fr, de-en. As Johnson et al. (2017)
+do, each source sentence starts with a token naming the target language, `<2de>`: one encoder and one decoder
+then serve every direction, and the source language needs no tag. The tags are user-defined symbols of the
+shared SentencePiece model, so the tag of a text is one piece whatever the tokenizer would make of its letters.
+
+    Languages.of(data_cfg)           the directions of a config (None: a one-pair model)
+    .sources, .targets               the languages a model reads and writes
+    .tag(lang) -> '<2de>'            the token that asks for `lang`
+    .choose(target, source)          the tag a request asks for, or a DataError naming the languages known
+    parse_pairs(['en-de', ...])      the pairs as (source, target) tuples, checked
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+
+from tformer.errors import CheckpointError, ConfigError, DataError
+
+if TYPE_CHECKING:
+    from tformer.config import DataConfig
+    from tformer.data.vocab import Vocab
+
+LANGUAGE = re.compile(r"[a-z]{2,3}(_[A-Za-z0-9]+)?$")  # ISO 639-1/-3 codes, maybe with a script or region (zh_Hant)
+
+
+def tag(lang: str) -> str:
+    """The target-language token: '<2de>'."""
+    return f"<2{lang}>"
+
+
+def parse_pairs(pairs: Iterable[str], key: str = "data.pairs") -> tuple[tuple[str, str], ...]:
+    """'en-de' strings as (source, target) pairs: each two different language codes, no pair twice."""
+    out: list[tuple[str, str]] = []
+    for p in pairs:
+        src, dash, tgt = str(p).partition("-")
+        if not dash or not LANGUAGE.match(src) or not LANGUAGE.match(tgt):
+            raise ConfigError(f"config key '{key}': {p!r} is not a direction 'SRC-TGT' of two language codes "
+                              "(the corpus files' suffixes, such as en-de)")
+        if src == tgt:
+            raise ConfigError(f"config key '{key}': {p!r} translates a language into itself")
+        if (src, tgt) in out:
+            raise ConfigError(f"config key '{key}': {p!r} is listed twice")
+        out.append((src, tgt))
+    return tuple(out)
+
+
+def direction(pair: tuple[str, str]) -> str:
+    return f"{pair[0]}-{pair[1]}"
+
+
+@dataclass(frozen=True)
+class Languages:
+    """The directions a multilingual model was trained on."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, data: "DataConfig") -> "Languages | None":
+        return cls(parse_pairs(data.pairs)) if data.pairs else None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s for s, _ in self.pairs))
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for _, t in self.pairs))
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Every target's token, in the order of the targets (the tokenizer's user-defined symbols)."""
+        return tuple(tag(t) for t in self.targets)
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return tuple(direction(p) for p in self.pairs)
+
+    def choose(self, target: str | None, source: str | None = None) -> str:
+        """The tag a request for `target` (from `source`, when given) starts its sources with. A model with one
+        target needs none named; a language it never wrote is an error naming those it knows. A source it never
+        read is an error too; a pair it never saw, whose languages it knows, is allowed (zero-shot)."""
+        if source is not None and source not in self.sources:
+            raise DataError(f"source language {source!r}: this model reads {', '.join(self.sources)}")
+        if target is None:
+            if len(self.targets) == 1:
+                return tag(self.targets[0])
+            raise DataError(f"this model writes {', '.join(self.targets)}: name the target language (target='fr', "
+                            "--target fr)")
+        if target not in self.targets:
+            raise DataError(f"target language {target!r}: this model writes {', '.join(self.targets)}")
+        return tag(target)
+
+
+@dataclass(frozen=True, eq=False)
+class Directions:
+    """Which direction each example of a multilingual split belongs to."""
+
+    names: tuple[str, ...]
+    of: np.ndarray  # (n,) an index into names per example
+
+    def members(self, name: str) -> np.ndarray:
+        """The indices of the examples of direction `name`, in order."""
+        return np.flatnonzero(self.of == self.names.index(name))
+
+    def sizes(self) -> dict[str, int]:
+        return dict(zip(self.names, np.bincount(self.of, minlength=len(self.names)).tolist()))
+
+
+def language_token(data: "DataConfig", vocab: "Vocab", target: str | None, source: str | None,
+                   where: object = "the model") -> int | None:
+    """The id of the tag a request for `target` (from `source`) puts before its sources (`Languages.choose`);
+    None for a one-pair model (data.pairs empty), which accepts its own languages only."""
+    for what, lang in (("target", target), ("source", source)):
+        if lang is not None and not isinstance(lang, str):
+            raise DataError(f"{what} must be a language code such as 'fr', got {type(lang).__name__}")
+    languages = Languages.of(data)
+    if languages is None:
+        for what, lang, own in (("target", target, data.tgt_lang), ("source", source, data.src_lang)):
+            if lang is not None and lang != own:
+                raise DataError(f"{what} language {lang!r}: this model translates {data.src_lang} -> "
+                                f"{data.tgt_lang} only")
+        return None
+    piece = languages.choose(target, source)
+    ids = vocab.encode([piece])
+    if ids[0] == vocab.unk:
+        raise CheckpointError(f"{where}: its tokenizer has no piece {piece} although its config lists data.pairs "
+                              f"{', '.join(languages.directions)}; the folder is damaged")
+    return ids[0]
+
+
+def sampled(directions: Directions, temperature: float, seed: int) -> np.ndarray | None:
+    """The training examples of an epoch when directions are drawn with a temperature (fairseq's multilingual
+    sampling, M2M-100): direction d gets a share p_d ~ (n_d / N) ** (1 / temperature). Nothing is dropped: the
+    epoch grows until the largest n_d / p_d fits, and smaller directions are repeated, whole copies and then a
+    subset drawn with `seed`. None: every example once (temperature 1, or one direction)."""
+    sizes = np.bincount(directions.of, minlength=len(directions.names)).astype(np.float64)
+    p = (sizes / sizes.sum()) ** (1.0 / temperature)
+    p /= p.sum()
+    scale = (sizes[p > 0] / p[p > 0]).max()  # the epoch in which no direction falls below its size
+    want = np.maximum(np.round(scale * p).astype(np.int64), sizes.astype(np.int64))
+    if (want == sizes).all():
+        return None
+    rng = np.random.default_rng([seed, 1])
+    parts = []
+    for d, m in enumerate(want.tolist()):
+        members = np.flatnonzero(directions.of == d)
+        if not len(members):
+            continue
+        whole, extra = divmod(m, len(members))
+        parts.extend([members] * whole)
+        parts.append(np.sort(rng.choice(members, extra, replace=False)))
+    return np.concatenate(parts)
