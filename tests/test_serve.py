@@ -341,7 +341,7 @@ def test_libretranslate_client_works_unchanged(translator, server):
     assert client.translate(LINES[3], "auto", "de") == translator.translate([LINES[3]])[0].text
     with pytest.raises(urllib.error.HTTPError) as e:
         client.translate(LINES[0], "en", "fr")
-    assert e.value.code == 400 and "this server translates en to de" in json.loads(e.value.read())["error"]
+    assert e.value.code == 400 and "this server translates en -> de" in json.loads(e.value.read())["error"]
 
 
 def test_libretranslate_json_lists_lines_and_alternatives(translator, server):
@@ -393,7 +393,7 @@ def test_libretranslate_detects_the_source_language(translator, server, shared_d
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"q": "a", "source": "fr", "target": "de"}, "source: 'fr' is not a language of this model"),
+    ({"q": "a", "source": "fr", "target": "de"}, "source: 'fr' is not a language here"),
     ({"q": "a", "source": "en"}, "target: missing"),
     ({"q": "a", "source": "en", "target": "de", "format": "xml"}, "format: 'xml' is not a format; give 'text'"),
     ({"q": "<p>a</p", "source": "en", "target": "de", "format": 5}, "format: 5 is not a format"),

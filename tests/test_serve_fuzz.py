@@ -32,6 +32,7 @@ from tformer.config import DecodeConfig
 from tformer.decode import PHRASE_INPUTS
 from tformer.explore import Limits
 from tformer.serve import Settings
+from tformer.serve.models import Models
 from tformer.serve.openapi import openapi
 
 LIMITS = dict(max_sentences=4, max_chars=60, max_tokens=256, max_beam=4, max_nbest=3, max_body=4096, timeout=20)
@@ -42,7 +43,8 @@ WHOLE = ("the request body", "the request must be", "Content-Type", "content-typ
 
 TRANSLATOR = tformer.load(CHECKPOINT, device="cpu")
 SETTINGS = Settings(**LIMITS)
-schema = schemathesis.openapi.from_dict(openapi(TRANSLATOR, SETTINGS, Limits.of(SETTINGS)))
+schema = schemathesis.openapi.from_dict(openapi(Models({"model": TRANSLATOR}, SETTINGS), SETTINGS,
+                                                Limits.of(SETTINGS)))
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], deterministic=True)
 schema.config.phases.update(phases=["examples", "coverage", "fuzzing"])  # coverage: each bound, one at a time
 # a schema-breaking input is refused by a 4xx: 413 for a body over --max-body counts as refused too
@@ -70,8 +72,8 @@ PUBLIC_CODES = GET_CODES - {401}  # "no API key needed": /v1/health, /languages,
 # path -> (method, required body fields, optional body fields, an example body (all the required fields),
 #          keys every answer has, statuses)
 ROUTES = {
-    "/v1/translate": ("post", {"src"}, {"beam", "nbest", "prefix", "alignment", "constraints", "avoid",
-                                        "repetition_penalty",
+    "/v1/translate": ("post", {"src"}, {"source", "target", "beam", "nbest", "prefix", "alignment", "constraints",
+                                        "avoid", "repetition_penalty",
                                         "timeout", "strategy", "len_penalty", "len_penalty_rule", "min_len",
                                         "max_len_a", "max_len_b", "no_repeat_ngram", "temperature", "top_k",
                                         "top_p", "seed", "beam_finish", "unk_penalty"},
@@ -88,6 +90,8 @@ ROUTES = {
     "/api/translate": ("post", {"text"}, {"beam", "nbest", "target"}, {"text": "a b c"}, {"source", "hypotheses"},
                        POST_CODES),
     "/openapi.json": ("get", set(), set(), None, {"openapi", "paths", "components"}, PUBLIC_CODES),
+    "/frontend/settings": ("get", set(), set(), None, {"charLimit", "language", "keyRequired"}, PUBLIC_CODES),
+    "/docs": ("get", set(), set(), None, None, GET_CODES),
 }
 LANGUAGES = [{"code": "en", "name": "English", "targets": ["de"]}, {"code": "de", "name": "German", "targets": []}]
 
@@ -129,7 +133,8 @@ def test_the_decoding_fields_are_the_configs_per_call_fields_with_their_bounds()
     props = schema.raw_schema["components"]["schemas"]["TranslateRequest"]["properties"]
     per_call = {"beam" if f.name == "beam_size" else f.name: f for f in dataclasses.fields(DecodeConfig)
                 if f.metadata.get("per_call")}
-    assert set(props) == {"src", "prefix", "alignment", "timeout"} | set(per_call) | {p.name for p in PHRASE_INPUTS}
+    assert set(props) == ({"src", "source", "target", "prefix", "alignment", "timeout"} | set(per_call)
+                          | {p.name for p in PHRASE_INPUTS})
     assert {"strategy", "beam", "nbest", "len_penalty", "repetition_penalty", "top_p", "seed"} <= set(per_call)
     assert not {"quantize", "precision", "shortlist", "batch_size", "batch_tokens"} & set(props)
     caps = {"beam": LIMITS["max_beam"], "nbest": LIMITS["max_nbest"], "min_len": LIMITS["max_tokens"],

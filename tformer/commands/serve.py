@@ -13,13 +13,19 @@ log = logging.getLogger("tformer")
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("serve", help="an HTTP translation service that batches requests from many clients",
-                        description="Serve one checkpoint over HTTP: POST /v1/translate and /v1/score (JSON), "
-                        "LibreTranslate's POST /translate and GET /languages, GET /v1/health and /v1/info, and the "
+                        description="Serve a checkpoint (or several, each for its languages) over HTTP: POST "
+                        "/v1/translate and /v1/score (JSON), LibreTranslate's POST /translate, /detect and GET "
+                        "/languages, GET /v1/health and /v1/info, the interactive API page at /docs, and the "
                         "explorer page at /. Sentences from concurrent requests with the same decoding settings "
-                        "are decoded together by one model thread; answers never depend on it. Binds 127.0.0.1 "
+                        "are decoded together by their model's thread; answers never depend on it. Binds 127.0.0.1 "
                         "(this machine only) by default. SIGTERM or Ctrl-C: stop accepting, answer what was "
                         "accepted, exit.")
-    sp.add_argument("--checkpoint", required=True, help=common.CHECKPOINT_HELP)
+    sp.add_argument("--checkpoint", help=common.CHECKPOINT_HELP)
+    sp.add_argument("--model", action="append", metavar="NAME=PATH", help="serve several models instead of one "
+                    "--checkpoint: each request goes to the first model (in this order) trained on its source and "
+                    "target (a multilingual model: any of its data.pairs); every model is loaded before serving")
+    sp.add_argument("--pivot", metavar="LANG", help="translate a pair no model covers through this language (two "
+                    "models, or two directions of one), saying so in the answer (default: no pivot, a 400)")
     common.listen(sp)
     sp.add_argument("--api-key", default=os.environ.get("TFORMER_API_KEY") or None,
                     help="a key every request must carry ('Authorization: Bearer KEY', 'X-API-Key: KEY' or "
@@ -71,25 +77,32 @@ def settings(args: argparse.Namespace):
                     max_queue=args.max_queue, timeout=args.timeout, max_wait_ms=args.max_wait_ms,
                     batch_tokens=args.batch_tokens, max_connections=args.max_connections,
                     header_timeout=args.header_timeout, body_timeout=args.body_timeout, api_key=args.api_key,
-                    warm_up=args.warm_up,
+                    warm_up=args.warm_up, pivot=args.pivot,
                     glossary=Glossary.read(args.glossary) if args.glossary else None)
 
 
 def run(args: argparse.Namespace) -> int:
     from tformer.serve import Server
 
-    chosen = settings(args)
-    translator = common.load_translator(args)
-    if chosen.glossary is not None and translator.config.decode.strategy != "beam":
-        from tformer.errors import ConfigError
+    from tformer.errors import ConfigError
 
-        raise ConfigError(f"--glossary: its terms are held by beam search, and this server decodes with "
-                          f"{translator.config.decode.strategy!r}; add decode.strategy=beam (decode.beam_size=N)")
+    chosen = settings(args)
+    translators = _models(args)
+    for name, translator in translators.items():
+        if chosen.glossary is not None and translator.config.decode.strategy != "beam":
+            raise ConfigError(f"--glossary: its terms are held by beam search, and {name} ({translator.path}) decodes "
+                              f"with {translator.config.decode.strategy!r}; add decode.strategy=beam (decode.beam_size=N)")
     if args.print_config:
-        common.print_config(translator.config)
+        for translator in translators.values():
+            common.print_config(translator.config)
         return 0
-    server = Server(translator, args.host, args.port, chosen)
-    print(f"tformer serve: serving {translator.path} at {server.url}  (Ctrl-C or SIGTERM stops)", flush=True)
+    server = Server(translators, args.host, args.port, chosen)
+    models = server.service.models.models
+    what = models[0].translator.path if len(models) == 1 else f"{len(models)} models"
+    print(f"tformer serve: serving {what} at {server.url}  (Ctrl-C or SIGTERM stops)", flush=True)
+    for model in models if len(models) > 1 else ():
+        pairs = ", ".join(f"{a} -> {b}" for a, b in model.pairs)
+        print(f"tformer serve:   {model.name}: {model.translator.path} ({pairs})", flush=True)
     warmed = server.warm_up()  # requests that come meanwhile wait in the socket's backlog, /v1/health too
     if warmed:
         print(f"tformer serve: warmed up with batches of {', '.join(map(str, warmed))} sentences in "
@@ -97,3 +110,27 @@ def run(args: argparse.Namespace) -> int:
     server.run()
     print("tformer serve: stopped", flush=True)
     return 0
+
+
+def _models(args: argparse.Namespace) -> dict:
+    """--checkpoint, or each --model NAME=PATH, loaded now: a model that cannot be is named before serving."""
+    from tformer.api import load
+    from tformer.errors import ConfigError, TformerError
+
+    if bool(args.checkpoint) == bool(args.model):
+        raise ConfigError("give --checkpoint PATH (one model) or --model NAME=PATH (each of several), not "
+                          + ("both" if args.checkpoint else "neither"))
+    if args.checkpoint:
+        return {"model": common.load_translator(args)}
+    out = {}
+    for spec in args.model:
+        name, eq, path = spec.partition("=")
+        if not eq or not name.strip() or not path.strip():
+            raise ConfigError(f"--model {spec!r}: give NAME=PATH, such as en-de=runs/en_de")
+        if name in out:
+            raise ConfigError(f"--model {name}: given twice; name each model once")
+        try:
+            out[name] = load(path, overrides=common.decode_overrides(args))
+        except TformerError as e:
+            raise type(e)(f"--model {name}={path}: {e}") from None
+    return out

@@ -43,7 +43,8 @@ api_key field (401 without it, 403 with a wrong one). /v1/* and /api/* take only
 a cross-site form cannot send.
 """
 
-from tformer.serve.app import Server, create_app, serve
+from tformer.serve.app import create_app
+from tformer.serve.server import Server, serve
 from tformer.serve.batcher import Batcher, Job
 from tformer.serve.requests import RequestError, Settings
 

@@ -1,10 +1,9 @@
-"""The HTTP service: a Starlette app over one Translator, its Batcher (the model worker), and uvicorn serving
-it on a socket. The routes are listed in tformer/serve/__init__.py.
+"""The HTTP service: a Starlette app over the server's models (tformer.serve.models: one Translator or several,
+each with its Batcher, the model worker). The routes are listed in tformer/serve/__init__.py.
 
-    app = create_app(translator, Settings(...))          an ASGI app (Starlette); the worker starts with it
-    server = Server(translator, "127.0.0.1", 0, settings) bound at once (server.url); .run() blocks until
-                                                          SIGTERM/Ctrl-C or .stop(), finishing accepted work
-    serve(translator, host, port, settings)               Server(...).run()
+    app = create_app(translator, Settings(...))          an ASGI app (Starlette); the workers start with it
+    app = create_app({"en-de": t1, "multi": t2}, settings)  several models, routed by their languages
+    (serving it on a socket: tformer.serve.server)
 
 Requests are parsed and checked on the event loop; the model runs only on the Batcher's thread. Each request
 waits for its answer at most its time limit (its `timeout` field, at most `Settings.timeout` seconds: then
@@ -22,12 +21,10 @@ import hmac
 import itertools
 import logging
 import math
-import signal
-import socket
-import threading
+import os
 import time
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -36,11 +33,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tformer.api import Translation, Translator
-from tformer.errors import ConfigError, TformerError
+from tformer.errors import TformerError
 from tformer.serve import libretranslate
 from tformer.serve.batcher import Batcher, Job
+from tformer.serve.models import Model, Models, Routed
 from tformer.serve.plans import TranslateRequest, decoding_json, translate_request
-from tformer.serve.protocol import connection_class
 from tformer.serve.requests import (RequestError, ScoreRequest, Settings, media_type, parse_json, read_body,
                                     score_request)
 
@@ -49,7 +46,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tformer")
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-PUBLIC = {"/v1/health", "/languages", "/openapi.json"}  # answered without the API key (LibreTranslate: /languages)
+PUBLIC = {"/v1/health", "/languages", "/openapi.json", "/frontend/settings"}  # answered without the API key
+SWAGGER_FILES = ("swagger-ui.css", "swagger-ui-bundle.js", "favicon-32x32.png")  # swagger-ui-py's static files
+SWAGGER_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tformer serve: API</title>
+<link rel="stylesheet" href="/docs/swagger-ui.css"><link rel="icon" href="/docs/favicon-32x32.png"></head>
+<body><div id="swagger-ui"></div><script src="/docs/swagger-ui-bundle.js"></script>
+<script>window.ui = SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui"});</script></body></html>
+"""
 
 
 def abandoned(jobs: list[Job]) -> Callable[[int], bool]:
@@ -72,21 +76,19 @@ class _ClientGone(Exception):
 
 
 class Service:
-    """The routes over one Translator: each parses and checks its request here, hands the model work to the
-    batcher and formats the answer."""
+    """The routes over the server's models (tformer.serve.models): each parses and checks its request here, hands
+    the model work to that model's batcher and formats the answer. Scoring and the explorer use the first."""
 
-    def __init__(self, translator: Translator, settings: Settings, explorer: Explorer | None = None) -> None:
-        if translator.reads_frames:
-            raise ConfigError(f"{translator.path} reads feature frames (model.source=features); the server "
-                              "translates text. Use `tformer transcribe` for frame models")
+    def __init__(self, models: Models, settings: Settings, explorer: Explorer | None = None) -> None:
         if explorer is None:
             from tformer.explore import Explorer, Limits
 
-            explorer = Explorer(translator, Limits.of(settings))
-        self.translator = translator
+            explorer = Explorer(models.default.translator, Limits.of(settings))
+        self.models = models
+        self.translator = models.default.translator
         self.settings = settings
         self.explorer = explorer
-        self.batcher = Batcher(settings.max_wait_ms / 1000, settings.batch_tokens, settings.max_queue)
+        self.batcher = models.default.batcher
         self.started = time.time()
         self.warmed: dict[int, float] = {}  # batch size -> seconds, by Server.warm_up
 
@@ -105,6 +107,9 @@ class Service:
             Route("/api/info", e(self.explorer_info), methods=["GET"]),
             Route("/api/translate", e(self.explorer_translate), methods=["POST"]),
             Route("/openapi.json", e(self.openapi), methods=["GET"]),
+            Route("/frontend/settings", e(self.frontend_settings), methods=["GET"]),
+            Route("/docs", e(self.docs), methods=["GET"]),
+            Route("/docs/{name}", e(self.docs_file), methods=["GET"]),
         ]
 
     def _endpoint(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -142,24 +147,26 @@ class Service:
             raise RequestError("post JSON with Content-Type: application/json", HTTPStatus.UNSUPPORTED_MEDIA_TYPE)
         return parse_json(await read_body(request, self.settings))
 
-    async def _answer(self, request: Request, job: Job, timeout: float | None = None) -> Any:
-        """Queue `job` and wait for its result, at most `timeout` seconds (default: the server's), while the
-        client is there; on giving up, the job is cancelled (Batcher.cancel)."""
+    async def _answer(self, request: Request, job: Job, timeout: float | None = None,
+                      batcher: Batcher | None = None) -> Any:
+        """Queue `job` (on `batcher`, default the first model's) and wait for its result, at most `timeout`
+        seconds (default: the server's), while the client is there; on giving up, the job is cancelled."""
         timeout = self.settings.timeout if timeout is None else timeout
-        future = self.batcher.submit(job)
+        batcher = batcher or self.batcher
+        future = batcher.submit(job)
         waiter = asyncio.wrap_future(future)
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({waiter, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # the server is being forced down
-            self.batcher.cancel(job)
+            batcher.cancel(job)
             waiter.cancel()
             raise
         finally:
             gone.cancel()
         if waiter in done:
             return waiter.result()
-        started = not self.batcher.cancel(job)
+        started = not batcher.cancel(job)
         waiter.cancel()
         if gone in done:
             raise _ClientGone()
@@ -173,11 +180,11 @@ class Service:
     async def openapi(self, request: Request) -> Response:
         from tformer.serve.openapi import openapi
 
-        return JSONResponse(openapi(self.translator, self.settings, self.explorer.limits))
+        return JSONResponse(openapi(self.models, self.settings, self.explorer.limits))
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "uptime_seconds": round(time.time() - self.started, 1),
-                             "pending_sentences": self.batcher.pending})
+                             "pending_sentences": sum(m.batcher.pending for m in self.models)})
 
     async def info(self, request: Request) -> Response:
         t = self.translator
@@ -200,22 +207,43 @@ class Service:
                          "max_queue": self.settings.max_queue, **self.batcher.snapshot()},
             "warm_up_seconds": {str(n): round(s, 3) for n, s in self.warmed.items()},
             "compiled_step": None if compiled is None else compiled.summary(),  # decode.compile
+            "models": [{"name": m.name, "checkpoint": str(m.translator.path), "pairs": [f"{a}-{b}" for a, b in m.pairs],
+                        "pending_sentences": m.batcher.pending} for m in self.models],
+            "pivot": self.settings.pivot,
         })
 
-    def _translate_job(self, req: TranslateRequest) -> Job:
+    def _translate_job(self, req: TranslateRequest, model: Model) -> Job:
         plan = req.plan
-        return Job(self._translate_group, plan, plan.key, len(plan), max(plan.widths))
 
-    def _translate_group(self, jobs: list[Job]) -> list[list[Translation]]:
-        """The plans of jobs with one key, decoded in one Translator.run call (on the model thread); the
-        sentences of a request given up on (Job.abandoned) leave it at the next step."""
-        return self.translator.run([j.payload for j in jobs], cancelled=abandoned(jobs))
+        def run(jobs: list[Job]) -> list[list[Translation]]:
+            """Plans of one key, decoded in one Translator.run call (on the model's thread); the sentences of a
+            request given up on (Job.abandoned) leave it at the next step."""
+            return model.translator.run([j.payload for j in jobs], cancelled=abandoned(jobs))
+
+        return Job(run, plan, plan.key, len(plan), max(plan.widths))
+
+    async def _translate(self, request: Request, routed: Routed) -> tuple[list[Translation], TranslateRequest]:
+        """A request's translations along its route: each leg on its model's batcher, a later leg translating
+        what the leg before it wrote, all within the request's time limit. Returns the last leg's request too."""
+        req, deadline = routed.first, time.monotonic() + routed.first.timeout
+        out = []
+        for k, leg in enumerate(routed.route.legs):
+            if k:
+                req = routed.next_leg(leg, [t.text for t in out])
+            out = await self._answer(request, self._translate_job(req, leg.model),
+                                     max(0.001, deadline - time.monotonic()) if k else req.timeout, leg.model.batcher)
+        return out, req
 
     async def translate(self, request: Request) -> Response:
-        req = translate_request(await self._json_body(request), self.translator, self.settings)
-        out = await self._answer(request, self._translate_job(req), req.timeout)
-        return JSONResponse({"translations": [translation_json(t, req.nbest, req.alignment) for t in out],
-                             "decoding": decoding_json(req.plan.decoding.cfg)})
+        routed = translate_request(await self._json_body(request), self.models, self.settings)
+        out, req = await self._translate(request, routed)
+        answer = {"translations": [translation_json(t, req.nbest, req.alignment) for t in out],
+                  "decoding": decoding_json(req.plan.decoding.cfg)}
+        if len(self.models.models) > 1 or routed.route.pivot:
+            answer["models"] = [leg.model.name for leg in routed.route.legs]
+        if routed.route.pivot:
+            answer["pivot"] = routed.route.pivot
+        return JSONResponse(answer)
 
     def _score_group(self, jobs: list[Job]) -> list[list]:
         reqs: list[ScoreRequest] = [j.payload for j in jobs]
@@ -236,12 +264,27 @@ class Service:
     async def languages(self, request: Request) -> Response:
         with contextlib.suppress(RequestError):  # the official client sends a (useless) form body with its GET
             await read_body(request, self.settings)
-        return JSONResponse(libretranslate.languages(self.translator.config))
+        return JSONResponse(libretranslate.languages(self.models))
+
+    async def frontend_settings(self, request: Request) -> Response:
+        return JSONResponse(libretranslate.frontend_settings(self.models, self.settings))
+
+    async def docs(self, request: Request) -> Response:
+        """The interactive API page over /openapi.json (Swagger UI, served from its package: no CDN)."""
+        return Response(SWAGGER_PAGE, media_type="text/html; charset=utf-8")
+
+    async def docs_file(self, request: Request) -> Response:
+        from swagger_ui import __file__ as package
+
+        name = request.path_params["name"]
+        if name not in SWAGGER_FILES:
+            raise RequestError(f"no such file: /docs/{name}", HTTPStatus.NOT_FOUND)
+        return FileResponse(os.path.join(os.path.dirname(package), "static", name))
 
     async def libre_detect(self, request: Request) -> Response:
         body = libretranslate.parse_body(await read_body(request, self.settings), self._libre_kind(request))
         self._authorize(request, body.get("api_key") if isinstance(body, dict) else None)
-        return JSONResponse(libretranslate.detect_request(body, self.translator))
+        return JSONResponse(libretranslate.detect_request(body, self.models))
 
     def _libre_kind(self, request: Request) -> str:
         """The media type of a LibreTranslate body: JSON or a form (RequestError otherwise)."""
@@ -258,8 +301,8 @@ class Service:
     async def libre_translate(self, request: Request) -> Response:
         body = libretranslate.parse_body(await read_body(request, self.settings), self._libre_kind(request))
         self._authorize(request, body.get("api_key") if isinstance(body, dict) else None)
-        asked = libretranslate.translate_request(body, self.translator, self.settings)
-        out = await self._answer(request, self._translate_job(asked.request))
+        asked = libretranslate.translate_request(body, self.models, self.settings)
+        out, _ = await self._translate(request, asked.routed)
         return JSONResponse(libretranslate.answer(asked, out))
 
     # ---------------------------------------------------------------------------------------- the explorer
@@ -364,106 +407,32 @@ async def _bug(request: Request, exc: Exception) -> Response:  # logged with its
     return error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def create_app(translator: Translator, settings: Settings = Settings(), *, explorer: Explorer | None = None,
-               loopback_only: bool = True) -> Starlette:
-    """The service's ASGI app (the routes of tformer.serve) over `translator`. Its model worker starts now and
-    finishes its accepted work when the app shuts down. `explorer`: the page's Explorer (default: one with
-    the settings' limits). `loopback_only`: answer only requests addressed to 127.0.0.1/localhost."""
-    service = Service(translator, settings, explorer)
+def served(models: Translator | Mapping[str, Translator] | Models, settings: Settings) -> Models:
+    """A server's models: one Translator, several by name ({"en-de": t, "multi": m}), or Models."""
+    if isinstance(models, Models):
+        return models
+    return Models(dict(models) if isinstance(models, Mapping) else {"model": models}, settings)
+
+
+def create_app(models: Translator | Mapping[str, Translator] | Models, settings: Settings = Settings(), *,
+               explorer: Explorer | None = None, loopback_only: bool = True) -> Starlette:
+    """The service's ASGI app (the routes of tformer.serve) over a Translator, or several by name (each request
+    goes to the one for its languages: tformer.serve.models). The model workers start now and finish their
+    accepted work when the app shuts down. `explorer`: the page's Explorer (default: one over the first model
+    with the settings' limits). `loopback_only`: answer only requests addressed to 127.0.0.1/localhost."""
+    service = Service(served(models, settings), settings, explorer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        await asyncio.to_thread(service.batcher.close, settings.timeout + 5)  # a stuck model: give up
-        s = service.batcher.stats
-        log.info("serve: stopped after %d requests (%d sentences in %d model calls; %d dropped)", s.jobs,
-                 s.sentences, s.batches, s.dropped)
+        for model in service.models:
+            await asyncio.to_thread(model.batcher.close, settings.timeout + 5)  # a stuck model: give up
+            s = model.batcher.stats
+            log.info("serve: %s stopped after %d requests (%d sentences in %d model calls; %d dropped)", model.name,
+                     s.jobs, s.sentences, s.batches, s.dropped)
 
     app = Starlette(routes=service.routes(), lifespan=lifespan,
                     exception_handlers={404: _not_found, 405: _not_allowed, Exception: _bug})
     app.add_middleware(_Guard, loopback_only=loopback_only)
     app.state.service = service
     return app
-
-
-# ------------------------------------------------------------------------------------------ serving
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), port))
-    except OSError as e:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host} port {port} (--host, --port): {e.strerror or e}") from None
-    sock.listen(2048)  # connections wait in the backlog until uvicorn runs: the URL is usable once printed
-    sock.set_inheritable(True)
-    return sock
-
-
-class Server:
-    """The service bound to host:port (port 0: any free one), served by uvicorn in the calling thread."""
-
-    def __init__(self, translator: Translator, host: str = "127.0.0.1", port: int = 8000,
-                 settings: Settings = Settings(), *, explorer: Explorer | None = None) -> None:
-        import uvicorn
-
-        self.socket = _bind(host, port)
-        self.host, self.port = host, self.socket.getsockname()[1]
-        self.app = create_app(translator, settings, explorer=explorer, loopback_only=host in LOOPBACK)
-        self.service: Service = self.app.state.service
-        if host not in LOOPBACK and settings.api_key is None:
-            log.warning("serve: listening on %s without an API key: anyone who can reach this address can use the "
-                        "model (--api-key or TFORMER_API_KEY)", host)
-        config = uvicorn.Config(self.app, http=connection_class(settings), lifespan="on", log_config=None,
-                                log_level="warning", access_log=False, server_header=False, timeout_keep_alive=5,
-                                timeout_graceful_shutdown=int(settings.timeout) + 5)
-        self.uvicorn = uvicorn.Server(config)
-
-    def warm_up(self) -> dict[int, float]:
-        """Decode made-up batches of the sizes Settings.warm_up asks for (Translator.warm_up), before `run`; the
-        seconds per size, also in /v1/info."""
-        self.service.warmed = self.service.translator.warm_up(self.service.settings.warm_up_sizes())
-        return self.service.warmed
-
-    @property
-    def url(self) -> str:
-        shown = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
-        return f"http://{shown}:{self.port}/"
-
-    @property
-    def started(self) -> bool:
-        return self.uvicorn.started
-
-    def run(self) -> None:
-        """Serve until SIGTERM or Ctrl-C (in the main thread) or stop(): then stop accepting connections,
-        answer every request already accepted, and return."""
-        with _signals_after_shutdown_ignored():
-            self.uvicorn.run(sockets=[self.socket])
-
-    def stop(self) -> None:
-        """Ask run() to shut down gracefully (from any thread)."""
-        self.uvicorn.should_exit = True
-
-
-@contextlib.contextmanager
-def _signals_after_shutdown_ignored():
-    """uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handler it found;
-    that handler does nothing here, so run() returns normally."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def serve(translator: Translator, host: str = "127.0.0.1", port: int = 8000, settings: Settings = Settings(),
-          *, explorer: Explorer | None = None) -> None:
-    """Serve `translator` on host:port until SIGTERM or Ctrl-C (see Server.run)."""
-    Server(translator, host, port, settings, explorer=explorer).run()

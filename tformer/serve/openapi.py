@@ -16,7 +16,7 @@ from __future__ import annotations
 import typing
 from typing import Any, Literal
 
-from tformer.api import Translator
+from tformer.serve.models import Models
 from tformer.config import DecodeConfig
 from tformer.decode.phrases import PHRASE_INPUTS
 from tformer.documents.glossary import Glossary
@@ -106,13 +106,17 @@ def _glossary_mark(name: str) -> str | None:
     return next((mark for mark, feeds in Glossary.MARKS.items() if feeds == name), None)
 
 
-def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[str, Any]:
+def _schemas(models: Models, settings: Settings, explorer: Any) -> dict[str, Any]:
     score = {"type": ["number", "null"], "description": "a log-probability (null: impossible, -inf)"}
     hypothesis = {"type": "object", "required": ["text", "score"], "properties": {
         "text": {"type": "string"}, "score": score, "tokens": {"type": "array", "items": {"type": "string"}},
         "alignment": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2,
                                                  "maxItems": 2}}}}
-    data = translator.config.data
+    sources = list(dict.fromkeys(s for s, _ in models.pairs()))
+    targets = list(dict.fromkeys(t for s in models.codes() for t in models.reachable(s)))
+    language = {"type": ["string", "null"], "enum": [*models.codes(), None],
+                "description": "a language of this server (GET /languages); a server of one one-pair model needs "
+                               "neither source nor target"}
     return {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
         "TranslateRequest": {
@@ -121,6 +125,7 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
                 "prefix": {"type": ["array", "null"], "items": {"type": ["string", "null"],
                                                                 "maxLength": settings.max_chars},
                            "description": "one target prefix (or null) per sentence of src"},
+                "source": language, "target": language,
                 "alignment": {"type": "boolean"},
                 **phrase_schemas(settings), **decoding_schemas(settings),
                 "timeout": _timeout(settings)}},
@@ -146,8 +151,8 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
                 "q": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}],
                       "description": "a text or a list of texts, split into sentences (a line break ends one); "
                                      f"at most {settings.max_sentences} sentences in all"},
-                "source": {"type": "string", "enum": [data.src_lang, "auto"]},
-                "target": {"type": "string", "enum": [data.tgt_lang]},
+                "source": {"type": "string", "enum": [*sources, "auto"]},
+                "target": {"type": "string", "enum": targets},
                 "format": {"type": ["string", "null"], "enum": ["text", "html", "", None],
                            "description": "html: the markup is kept, inline tags follow their words"},
                 "api_key": {"type": ["string", "null"]},
@@ -156,8 +161,8 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
             "type": "object", "required": ["q", "source", "target"], "additionalProperties": False, "properties": {
                 "q": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}],
                       "description": "a text; repeated, a list of texts"},
-                "source": {"type": "string", "enum": [data.src_lang, "auto"]},
-                "target": {"type": "string", "enum": [data.tgt_lang]},
+                "source": {"type": "string", "enum": [*sources, "auto"]},
+                "target": {"type": "string", "enum": targets},
                 "format": {"type": "string", "enum": ["text", "html", ""]},
                 "api_key": {"type": "string"},
                 "alternatives": {"type": "string", "enum": [""] + [str(i) for i in range(settings.max_nbest)]}}},
@@ -165,7 +170,8 @@ def _schemas(translator: Translator, settings: Settings, explorer: Any) -> dict[
             "translatedText": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
             "alternatives": {"type": "array"},
             "detectedLanguage": {"oneOf": [_ref("Detection"), {"type": "array", "items": _ref("Detection")}],
-                                 "description": "source auto: each text's language"}}},
+                                 "description": "source auto: each text's language"},
+            "pivot": {"type": "string", "description": "the language a pair no model covers went through"}}},
         "Detection": {"type": "object", "required": ["confidence", "language"], "properties": {
             "confidence": {"type": "number", "minimum": 0, "maximum": 100}, "language": {"type": "string"}}},
         "DetectRequest": {"type": "object", "required": ["q"], "additionalProperties": False, "properties": {
@@ -209,10 +215,9 @@ def _get(summary: str, answer: dict[str, Any], public: bool = False) -> dict[str
     return {"get": out}
 
 
-def openapi(translator: Translator, settings: Settings, explorer: Any) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of a server over `translator` with `settings`; `explorer`: the explorer's
-    Limits (tformer.explore)."""
-    data = translator.config.data
+def openapi(models: Models, settings: Settings, explorer: Any) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a server over `models` (tformer.serve.models) with `settings`; `explorer`: the
+    explorer's Limits (tformer.explore)."""
     paths = {
         "/v1/translate": _post("translate sentences", "TranslateRequest", "TranslateAnswer", 504),
         "/v1/score": _post("score target sentences given their sources (forced decoding)", "ScoreRequest",
@@ -228,16 +233,21 @@ def openapi(translator: Translator, settings: Settings, explorer: Any) -> dict[s
         "/api/info": _get("the explorer's model description", _json(_ref("Object"))),
         "/api/translate": _post("the explorer's translation with attention maps", "ExplorerRequest", "Object", 504),
         "/openapi.json": _get("this document (no API key needed)", _json(_ref("Object")), public=True),
+        "/frontend/settings": _get("what LibreTranslate's web client reads (no API key needed)", _json(_ref("Object")),
+                                   public=True),
+        "/docs": _get("this document as an interactive page (Swagger UI, served offline)",
+                      {"text/html": {"schema": {"type": "string"}}}),
     }
     security = [{"bearer": []}, {"apiKey": []}] if settings.api_key is not None else []
     return {
         "openapi": "3.1.0",
         "info": {"title": "tformer serve", "version": VERSION,
-                 "description": f"Translation {data.src_lang} -> {data.tgt_lang} with {translator.path}: tformer's "
+                 "description": f"Translation {models.listed()} with "
+                                f"{', '.join(str(m.translator.path) for m in models)}: tformer's "
                                 "own JSON API, LibreTranslate's API and the explorer. Errors are "
                                 '{"error": message}, the message naming the field or limit and what to do.'},
         "paths": paths,
-        "components": {"schemas": _schemas(translator, settings, explorer),
+        "components": {"schemas": _schemas(models, settings, explorer),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
                                            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}}},
         "security": security,

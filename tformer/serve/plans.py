@@ -29,7 +29,8 @@ from tformer.api import Translator
 from tformer.config import DecodeConfig, request_fields
 from tformer.decode.phrases import PHRASE_INPUTS
 from tformer.errors import TformerError
-from tformer.plan import Plan
+from tformer.plan import PHRASE_NAMES, Plan
+from tformer.serve.models import Leg, Models, Routed
 from tformer.serve.requests import (RequestError, Settings, check_object, check_text, flag, flag_field, json_kind,
                                     sentences, time_limit)
 
@@ -216,16 +217,19 @@ class TranslateRequest:
 
 
 def translate_fields() -> tuple[str, ...]:
-    return ("src", "prefix", *(p.name for p in PHRASE_INPUTS), "alignment", *decoding_fields(), "timeout")
+    return ("src", "source", "target", "prefix", *(p.name for p in PHRASE_INPUTS), "alignment", *decoding_fields(),
+            "timeout")
 
 
 def v1_where(what: str, i: int) -> str:
     return f"{'src' if what == 'sources' else what}[{i}]"
 
 
-def translate_request(body: Any, translator: Translator, settings: Settings) -> TranslateRequest:
-    """A /v1/translate body, checked (see tformer.serve), as a plan."""
+def translate_request(body: Any, models: Models, settings: Settings) -> Routed:
+    """A /v1/translate body, checked (see tformer.serve), as the plan of its route's first leg (Models.route:
+    `source` and `target`, which a server of one one-pair model does not need)."""
     body = check_object(body, translate_fields(), '{"src": ["A dog runs ."], "beam": 5}')
+    route = models.route(body.get("source"), body.get("target"))
     sources = sentences(body.get("src"), "src", settings)
     prefixes = body.get("prefix")
     if prefixes is not None:
@@ -235,6 +239,19 @@ def translate_request(body: Any, translator: Translator, settings: Settings) -> 
                 check_text(p, f"prefix[{i}]", settings)
     alignment = flag_field(body, "alignment")
     given = decoding_options(body, settings)
-    plan = make_plan(translator, settings, sources, v1_where, given, prefix=prefixes, alignment=alignment,
-                     **phrase_options(body, sources, settings), **given)
-    return TranslateRequest(plan, time_limit(body, settings))
+    phrases = phrase_options(body, sources, settings) if not route.pivot else {}  # the glossary: direct routes
+    if route.pivot and (prefixes is not None or alignment or any(body.get(p.name) for p in PHRASE_INPUTS)):
+        raise RequestError(f"prefix, alignment and {', '.join(PHRASE_NAMES)} ask one model for its translation; no "
+                           f"model here translates {route.legs[0].source} -> {route.legs[-1].target} directly (this "
+                           f"route goes through {route.pivot})")
+    timeout = time_limit(body, settings)
+    first = {k: v for k, v in given.items() if k != "nbest"} if route.pivot else given  # a pivot: its best only
+    leg = route.legs[0]
+    plan = make_plan(leg.model.translator, settings, sources, v1_where, first, prefix=prefixes, alignment=alignment,
+                     **phrases, **first, **leg.options)
+
+    def next_leg(leg: Leg, texts: list[str]) -> TranslateRequest:
+        return TranslateRequest(make_plan(leg.model.translator, settings, texts, v1_where, given, **given,
+                                          **leg.options), timeout)
+
+    return Routed(route, TranslateRequest(plan, timeout), next_leg)

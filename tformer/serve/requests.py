@@ -24,6 +24,7 @@ from starlette.requests import Request
 from tformer.api import Translator
 from tformer.documents.glossary import Glossary
 from tformer.errors import ConfigError, TformerError
+from tformer.languages import LANGUAGE
 from tformer.inference import warm_up_sizes
 
 SCORE_FIELDS = ("src", "tgt", "timeout")
@@ -58,6 +59,7 @@ class Settings:
     warm_up: int = 64  # before serving, decode made-up batches of 1, 2, 4, .. up to this many sentences; 0: none
     api_key: str | None = field(default=None, repr=False)  # needed on every route but /v1/health, /languages
     glossary: Glossary | None = field(default=None, repr=False)  # terms every translation must keep (--glossary)
+    pivot: str | None = None  # a language through which a pair no model covers is translated (--pivot); None: none
 
     def __post_init__(self) -> None:
         for name in ("max_sentences", "max_chars", "max_tokens", "max_beam", "max_nbest", "max_body", "max_queue",
@@ -77,6 +79,8 @@ class Settings:
         if self.max_queue < self.max_sentences:
             raise ConfigError(f"--max-queue ({self.max_queue}) must be at least --max-sentences "
                               f"({self.max_sentences}): a full request must fit in the queue")
+        if self.pivot is not None and not (isinstance(self.pivot, str) and LANGUAGE.match(self.pivot)):
+            raise ConfigError(f"--pivot must be a language code such as 'en', got {self.pivot!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ConfigError("the API key (--api-key, TFORMER_API_KEY) must be a non-empty string")
 
