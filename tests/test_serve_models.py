@@ -64,6 +64,8 @@ def test_routes_pairs_and_languages(translators):
         models.route("es", "de")
     with pytest.raises(Exception, match="give source and target"):
         models.route(None, None)
+    twice = Models({"first": translators["en-de"], "second": translators["en-de"]}, Settings())
+    assert twice.route("en", "de").legs[0].model.name == "first"  # the first model, in the order given
     pivoting = Models(translators, Settings(pivot="en"))
     route = pivoting.route("de", "fr")
     assert route.pivot == "en" and [leg.model.name for leg in route.legs] == ["de-en", "multi"]
@@ -77,12 +79,17 @@ def test_each_request_goes_to_its_model(translators):
             {"code": "en", "name": "English", "targets": ["de", "fr", "cs"]},
             {"code": "de", "name": "German", "targets": ["en"]},
             {"code": "fr", "name": "French", "targets": []}, {"code": "cs", "name": "Czech", "targets": []}]
+        fr, cs = (translators["multi"].translate(LINES[:3], beam=2, target=x) for x in ("fr", "cs"))
+        assert [t.hypotheses[0].score for t in fr] != [t.hypotheses[0].score for t in cs]  # the tag decides
         for source, target, name, options in (("en", "de", "en-de", {}), ("de", "en", "de-en", {}),
-                                              ("en", "fr", "multi", {"target": "fr"})):
-            want = [t.text for t in translators[name].translate(LINES[:3], beam=2, **options)]
+                                              ("en", "fr", "multi", {"target": "fr"}),
+                                              ("en", "cs", "multi", {"target": "cs"})):
+            want = [(t.text, t.hypotheses[0].score) for t in translators[name].translate(LINES[:3], beam=2, **options)]
             status, out, _ = call(url, "/v1/translate", {"src": LINES[:3], "source": source, "target": target,
                                                          "beam": 2})
-            assert status == 200 and [t["text"] for t in out["translations"]] == want and out["models"] == [name]
+            got = [(t["text"], t["score"]) for t in out["translations"]]
+            assert status == 200 and [x for x, _ in got] == [x for x, _ in want] and out["models"] == [name]
+            assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-4)
             status, out, _ = call(url, "/translate", {"q": LINES[:3], "source": source, "target": target})
             plain = [t.text for t in translators[name].translate(LINES[:3], **options)]
             assert status == 200 and out["translatedText"] == plain
