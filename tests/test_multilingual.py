@@ -276,6 +276,40 @@ def test_languages_decode_together_as_each_alone(run):
     assert [x.text for x in t.translate_iterable(texts, target="de", beam=3)] == [x.text for x in alone[0]]
 
 
+def test_scores_and_the_explorer_read_the_target_language(run):
+    import tformer
+    from tformer.explore import Explorer, Limits
+    from tformer.inference import score_ids
+    from tformer.serve import Settings
+
+    t = tformer.load(run)
+    tag = t.source_tokenizer.vocab.encode(["<2fr>"])[0]
+    got = t.score(["A dog runs."], ["Un chien court."], target="fr")[0]
+    want = score_ids(t.model, [[tag, *t.encode("A dog runs.")]], [t.encode("Un chien court.", "target")])[0]
+    assert got.token_log_probs == pytest.approx(want, abs=1e-5)
+    assert got.log_prob != pytest.approx(t.score(["A dog runs."], ["Un chien court."], target="de")[0].log_prob)
+    explorer = Explorer(t, Limits.of(Settings()))
+    assert explorer.info()["languages"] == ["en", "de"]  # its page writes the first target
+    assert explorer.check({"text": "A dog runs."}).plan.sources[0][0] == t.source_tokenizer.vocab.encode(["<2de>"])[0]
+
+
+def test_ctranslate2_translates_an_export_as_tformer_does_per_target(run, tmp_path):
+    import tformer
+    from tformer.export import export_ctranslate2, translate_ctranslate2
+
+    t = tformer.load(run)
+    out = tmp_path / "ct2"
+    export_ctranslate2(run, out)
+    texts = ["A man rides a bike.", "Two dogs play in the snow."]
+    outputs = {}
+    for target in ("de", "fr"):
+        ours = [x.text for x in t.translate(texts, target=target, beam=3, len_penalty=0.0, max_len_a=0, max_len_b=30)]
+        outputs[target] = translate_ctranslate2(out, t, texts, beam=3, len_penalty=0.0, max_len=30, target=target)
+        assert outputs[target] == ours
+    with pytest.raises(DataError, match="name the target language"):
+        translate_ctranslate2(out, t, texts)
+
+
 def test_evaluate_scores_each_direction_and_zero_shot_ones(run, corpus):
     import tformer
 

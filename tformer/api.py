@@ -331,14 +331,15 @@ class Translator:
 
     # ---------------------------------------------------------------------------------------- score, evaluate
 
-    def score(self, sources: Sequence[Any], targets: Sequence[str], *, batch_size: int | None = None,
+    def score(self, sources: Sequence[Any], targets: Sequence[str], *, target: str | None = None,
+              source: str | None = None, batch_size: int | None = None,
               batch_type: BatchType = "examples", batch_tokens: int | None = None, return_attention: bool = False,
               alignment: bool = False, alignment_layer: int = -1, alignment_heads: Sequence[int] | None = None,
               cancelled: Callable[[int], bool] | None = None) -> list[Score]:
         """Forced decoding (fairseq's score, CTranslate2's score_batch): the log-probability of each target
         given its source, token by token, </s> included. A target may be empty (</s> alone); a source may
-        not. `alignment`: as `translate`, over the target's pieces. `cancelled`: as `translate` (asked
-        before every batch)."""
+        not. `target`, `source`: the languages, as `translate`. `alignment`: as `translate`, over the target's
+        pieces. `cancelled`: as `translate` (asked before every batch)."""
         _check_list(sources, "sources")
         _check_list(targets, "targets")
         if len(sources) != len(targets):
@@ -346,7 +347,8 @@ class Translator:
         decoding = self.decoding(batch_size=batch_size, batch_tokens=batch_tokens, batch_type=batch_type,
                                  return_attention=return_attention, alignment=alignment,
                                  alignment_layer=alignment_layer, alignment_heads=alignment_heads)
-        pairs = [plans_.pair_ids(self, s, t, f"sources[{i}]", f"targets[{i}]")
+        lead = self.language_token(target, source)
+        pairs = [plans_.pair_ids(self, s, t, f"sources[{i}]", f"targets[{i}]", lead)
                  for i, (s, t) in enumerate(zip(sources, targets))]
         return self._score(pairs, decoding, cancelled)
 

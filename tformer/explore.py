@@ -96,6 +96,9 @@ class Explorer:
         self.limits = limits
         self.name = str(translator.path)
         self.examples = self._examples()
+        languages = translator.languages
+        self.language = {"target": languages.targets[0]} if languages is not None else {}  # a multilingual
+        # model's page writes its first target language
         overridden = any(o.startswith("decode.") for o in overrides)
         self.defaults, self.decoding = defaults(translator.config.decode, limits, overridden)
 
@@ -114,7 +117,8 @@ class Explorer:
         layers = ({"encoder": m.max_steps, "decoder": m.max_steps, "cross": m.max_steps} if universal else
                   {"encoder": m.encoder_layers, "decoder": m.decoder_layers, "cross": m.decoder_layers})
         return {"checkpoint": self.name, "step": self.translator.checkpoint.trainer.get("step"),
-                "task": cfg.data.task, "languages": [cfg.data.src_lang, cfg.data.tgt_lang],
+                "task": cfg.data.task, "languages": ([cfg.data.src_lang, cfg.data.tgt_lang] if not self.language else
+                                                     [self.translator.languages.sources[0], self.language["target"]]),
                 "model": {"kind": m.kind, "layers": layers, "heads": m.n_heads, "d_model": m.d_model,
                           "layer_name": "step" if universal else "layer", "attention": m.attention,
                           "positions": m.positions, "norm": m.norm},
@@ -156,7 +160,7 @@ class Explorer:
     def _run(self, query: Query) -> list[dict[str, Any]]:
         """The hypotheses with their attention: the model's n-best list, or the forced target scored."""
         if query.plan is None:
-            forced = self.translator.score([query.text], [query.target], return_attention=True)[0]
+            forced = self.translator.score([query.text], [query.target], return_attention=True, **self.language)[0]
             hyps = [(query.target, forced.log_prob, forced.tokens[:-1], forced.attention)]
         else:
             out = self.translator.run([query.plan])[0][0]
@@ -173,7 +177,7 @@ class Explorer:
         plan = None
         if target is None:  # checked and tokenised once, here; the model thread only decodes it
             try:
-                plan = self.translator.prepare([text], beam=beam, nbest=nbest, return_attention=True)
+                plan = self.translator.prepare([text], beam=beam, nbest=nbest, return_attention=True, **self.language)
             except TformerError as e:
                 raise RequestError(f"'text': {e}") from None
             ids = plan.sources[0] or ()

@@ -145,12 +145,15 @@ def prefix_ids(t: Translator, prefix: Any, where: str) -> tuple[int, ...]:
     return tuple(text_ids(t, prefix, "target", where)) if prefix else ()
 
 
-def pair_ids(t: Translator, source: Any, target: Any, where_source: str, where_target: str
+def pair_ids(t: Translator, source: Any, target: Any, where_source: str, where_target: str, lead: int | None = None
              ) -> tuple[list[int] | Tensor, list[int]]:
-    """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty)."""
+    """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty); `lead`:
+    as make_plan's."""
     checked = source_input(t, source, where_source)
     if checked is None:
         raise DataError(f"{where_source} is empty: there is nothing to score a translation against")
+    if lead is not None:
+        checked = (lead, *checked)
     return list(checked) if isinstance(checked, tuple) else checked, text_ids(t, target, "target", where_target)
 
 
