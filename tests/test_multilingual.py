@@ -293,6 +293,20 @@ def test_scores_and_the_explorer_read_the_target_language(run):
     assert explorer.check({"text": "A dog runs."}).plan.sources[0][0] == t.source_tokenizer.vocab.encode(["<2de>"])[0]
 
 
+def test_documents_and_constraints_take_the_target(run):
+    import tformer
+    from tformer.documents import translate_documents
+
+    t = tformer.load(run)
+    text = "A man rides a bike. Two dogs play in the snow."
+    sentences = ["A man rides a bike.", "Two dogs play in the snow."]
+    for target in ("de", "fr"):
+        alone = [x.text for x in t.translate(sentences, target=target)]
+        assert translate_documents(t, [text], target=target) == [" ".join(alone)]
+    constrained = t.translate(sentences[:1], target="fr", beam=3, constraints=[["Hund"]])[0].text
+    assert "Hund" in constrained
+
+
 def test_ctranslate2_translates_an_export_as_tformer_does_per_target(run, tmp_path):
     import tformer
     from tformer.export import export_ctranslate2, translate_ctranslate2

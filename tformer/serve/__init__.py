@@ -3,6 +3,7 @@ call, with LibreTranslate's API beside its own and the explorer page on the same
 
     from tformer.serve import Settings, create_app, serve
     serve(tformer.load("runs/m30k"), "127.0.0.1", 8000, Settings(max_wait_ms=5, batch_tokens=4096))
+    serve({"en-de": t1, "multi": t2}, settings=Settings(pivot="en"))  # several models (tformer.serve.models)
     app = create_app(translator, settings)     # the ASGI app (Starlette), for any ASGI server or a test client
 
 Routes (JSON in, JSON out; errors are {"error": message} with a 4xx naming the field, 503 busy with
@@ -10,8 +11,9 @@ Retry-After, 504 past the timeout):
 
     POST /v1/translate  {"src": [str, ...], "prefix": [str | null, ...], "alignment": bool, "constraints":
                          [[str, ...] | null, ...], "beam": int, "nbest": int, ...}  (all but src optional: the
-                         checkpoint's decode section decides). The decoding fields are DecodeConfig's per-call
-                         fields and the phrase fields decode.PHRASE_INPUTS (tformer.serve.plans)
+                         checkpoint's decode section decides; "source" and "target" choose the model, which a
+                         server of one one-pair model does not need). The decoding fields are DecodeConfig's
+                         per-call fields and the phrase fields decode.PHRASE_INPUTS (tformer.serve.plans)
                         -> {"translations": [{"text", "score", "hypotheses": [{"text", "score"}, ...] (nbest > 1),
                             "alignment": [[source piece, target piece], ...], "tokens", "source_tokens"
                             (alignment)}, ...]  one per src, in order; "decoding": the per-call fields it used}
@@ -23,8 +25,10 @@ Retry-After, 504 past the timeout):
     GET  /languages     LibreTranslate's language list (no API key needed)
     POST /detect        LibreTranslate's language detection, among the server's languages (source "auto" on
                         /translate detects too, and answers detectedLanguage)
+    GET  /frontend/settings  what LibreTranslate's web client reads (no API key needed)
     GET  /              the explorer page; GET /api/info and POST /api/translate as tformer.explore describes
     GET  /openapi.json  the OpenAPI 3.1 description of all of these, with this server's limits (no API key needed)
+    GET  /docs          that description as an interactive page (Swagger UI from its package: no CDN)
 
 Every translating route makes its request into a plan (Translator.prepare: checked and tokenised once;
 tformer.serve.plans), and the model thread (tformer.serve.batcher) runs plans with equal keys (plan.key: the
