@@ -125,6 +125,22 @@ def test_a_pair_no_model_covers_goes_through_the_pivot(translators):
         assert {x["code"]: x["targets"] for x in out}["de"] == ["en", "fr", "cs"]
 
 
+def test_a_glossary_per_target_language(translators, tmp_path):
+    from tformer.documents import Glossary
+
+    (tmp_path / "fr.tsv").write_text("dog\tchienchien\n", encoding="utf-8")
+    multi = tformer.load(translators["multi"].path, strategy="beam", beam_size=3)
+    glossary = Glossary.read(tmp_path / "fr.tsv")
+    with live({"multi": multi}, glossaries={"fr": glossary}) as (_, url):
+        for target, held in (("fr", True), ("cs", False)):
+            want = multi.translate(["A dog runs."], target=target, constraints=[["chienchien"]] if held else None)
+            status, out, _ = call(url, "/translate", {"q": "A dog runs.", "source": "en", "target": target})
+            assert status == 200 and out["translatedText"] == want[0].text
+            assert ("chienchien" in out["translatedText"]) == held
+        status, info, _ = call(url, "/v1/info")
+        assert info["limits"]["glossary_terms_by_target"] == {"fr": 1}
+
+
 def test_one_models_batch_never_waits_for_anothers(translators):
     """The en -> de model is held inside its model call; a de -> en request is answered meanwhile."""
     with live(translators) as (server, url):

@@ -60,16 +60,17 @@ def add_parser(sub) -> None:
                    "clients cannot hold connections (default 10)")
     g.add_argument("--body-timeout", type=float, default=30.0, help="seconds a client has to send a request body once "
                    "its headers are in: then 408 (default 30)")
-    sp.add_argument("--glossary", metavar="FILE", help="a TSV file, 'source term<TAB>target term' per line: a term "
-                    "found in a sentence (whole words, any case) must appear in its translation, on every route "
-                    "(lexically constrained beam search: serve with decode.strategy=beam)")
+    sp.add_argument("--glossary", metavar="[LANG=]FILE", action="append", help="a TSV file, 'source term<TAB>target "
+                    "term' per line: a term found in a sentence (whole words, any case) must appear in its "
+                    "translation, on every route (lexically constrained beam search: serve with "
+                    "decode.strategy=beam); LANG=FILE: for the translations into LANG only (one per target "
+                    "language; repeat the flag)")
     common.overrides(sp, common.INFERENCE_OVERRIDES)
     sp.set_defaults(func=run)
 
 
 def settings(args: argparse.Namespace):
     """The Settings the flags ask for (checked: a ConfigError names the flag)."""
-    from tformer.documents import Glossary
     from tformer.serve import Settings
 
     return Settings(max_sentences=args.max_sentences, max_chars=args.max_chars, max_tokens=args.max_tokens,
@@ -77,8 +78,7 @@ def settings(args: argparse.Namespace):
                     max_queue=args.max_queue, timeout=args.timeout, max_wait_ms=args.max_wait_ms,
                     batch_tokens=args.batch_tokens, max_connections=args.max_connections,
                     header_timeout=args.header_timeout, body_timeout=args.body_timeout, api_key=args.api_key,
-                    warm_up=args.warm_up, pivot=args.pivot,
-                    glossary=Glossary.read(args.glossary) if args.glossary else None)
+                    warm_up=args.warm_up, pivot=args.pivot, **_glossaries(args.glossary or []))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = settings(args)
     translators = _models(args)
     for name, translator in translators.items():
-        if chosen.glossary is not None and translator.config.decode.strategy != "beam":
+        if (chosen.glossary is not None or chosen.glossaries) and translator.config.decode.strategy != "beam":
             raise ConfigError(f"--glossary: its terms are held by beam search, and {name} ({translator.path}) decodes "
                               f"with {translator.config.decode.strategy!r}; add decode.strategy=beam (decode.beam_size=N)")
     if args.print_config:
@@ -133,4 +133,24 @@ def _models(args: argparse.Namespace) -> dict:
             out[name] = load(path, overrides=common.decode_overrides(args))
         except TformerError as e:
             raise type(e)(f"--model {name}={path}: {e}") from None
+    return out
+
+
+def _glossaries(given: list[str]) -> dict:
+    """--glossary FILE (every translation) and LANG=FILE (the translations into LANG) as Settings fields."""
+    from tformer.documents import Glossary
+    from tformer.errors import ConfigError
+    from tformer.languages import LANGUAGE
+
+    out: dict = {"glossary": None, "glossaries": {}}
+    for spec in given:
+        lang, eq, path = spec.partition("=")
+        if eq and LANGUAGE.match(lang):
+            if lang in out["glossaries"]:
+                raise ConfigError(f"--glossary {lang}=: given twice; one glossary per target language")
+            out["glossaries"][lang] = Glossary.read(path)
+        elif out["glossary"] is not None:
+            raise ConfigError("--glossary FILE: given twice; one glossary for every language (LANG=FILE for one)")
+        else:
+            out["glossary"] = Glossary.read(spec)
     return out

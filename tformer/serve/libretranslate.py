@@ -180,7 +180,7 @@ def translate_request(body: Any, models: Models, settings: Settings) -> Asked:
     def leg_request(leg: Leg, texts: list[str]) -> TranslateRequest:
         last = leg is route.legs[-1]
         chosen = options if last else {}  # a pivot's first leg: its best translation only
-        phrases = with_glossary({}, texts, settings) if not route.pivot else {}  # the glossary: direct routes only
+        phrases = with_glossary({}, texts, settings, leg.target) if not route.pivot else {}  # direct routes only
         plan = make_plan(leg.model.translator, settings, texts, where_, **phrases, **chosen, **leg.options)
         return TranslateRequest(plan, settings.timeout)
 

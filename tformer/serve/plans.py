@@ -84,7 +84,8 @@ def decoding_options(body: dict[str, Any], settings: Settings) -> dict[str, Any]
     return out
 
 
-def phrase_options(body: dict[str, Any], sources: list[str], settings: Settings) -> dict[str, list | None]:
+def phrase_options(body: dict[str, Any], sources: list[str], settings: Settings, target: str | None = None
+                   ) -> dict[str, list | None]:
     """The phrase inputs `body` gives (decode.PHRASE_INPUTS: one list of target phrases, or null, per source),
     their texts within --max-chars, and the server's glossary terms found in each source added to the inputs
     they feed (Glossary.phrases). An input no sentence uses is left out."""
@@ -101,14 +102,14 @@ def phrase_options(body: dict[str, Any], sources: list[str], settings: Settings)
             for j, text in enumerate(phrases or ()):
                 check_text(text, f"{phrase.name}[{i}][{j}]", settings)
         out[phrase.name] = value
-    return with_glossary(out, sources, settings)
+    return with_glossary(out, sources, settings, target)
 
 
-def with_glossary(phrases: dict[str, list | None], sources: list[str], settings: Settings
-                  ) -> dict[str, list | None]:
-    """`phrases` with the glossary's terms found in each source added to the inputs they feed (the phrases given
-    first)."""
-    glossary = settings.glossary
+def with_glossary(phrases: dict[str, list | None], sources: list[str], settings: Settings,
+                  target: str | None = None) -> dict[str, list | None]:
+    """`phrases` with the glossary's terms (the one for translations into `target`: Settings.glossary_for) found
+    in each source added to the inputs they feed (the phrases given first)."""
+    glossary = settings.glossary_for(target)
     if glossary is None:
         return phrases
     found = [glossary.phrases(s) for s in sources]
@@ -154,10 +155,11 @@ def refusal(e: TformerError, where: Where, settings: Settings, sources: list[str
     m = re.match(r"(\w+)\[(\d+)\]", text)
     if m:
         text = where(m[1], int(m[2])) + text[m.end():]
-    glossary = settings.glossary
-    if (glossary is not None and any(name in text for name in glossary.inputs)
-            and any(map(glossary.phrases, sources))):
-        text += " (the server's --glossary adds its terms found in the sentences)"
+    for glossary in (settings.glossary, *settings.glossaries.values()):
+        if (glossary is not None and any(name in text for name in glossary.inputs)
+                and any(map(glossary.phrases, sources))):
+            text += " (the server's --glossary adds its terms found in the sentences)"
+            break
     return RequestError(text)
 
 
@@ -239,7 +241,8 @@ def translate_request(body: Any, models: Models, settings: Settings) -> Routed:
                 check_text(p, f"prefix[{i}]", settings)
     alignment = flag_field(body, "alignment")
     given = decoding_options(body, settings)
-    phrases = phrase_options(body, sources, settings) if not route.pivot else {}  # the glossary: direct routes
+    phrases = phrase_options(body, sources, settings, route.legs[0].target) if not route.pivot else {}  # the
+    # glossary: direct routes only
     if route.pivot and (prefixes is not None or alignment or any(body.get(p.name) for p in PHRASE_INPUTS)):
         raise RequestError(f"prefix, alignment and {', '.join(PHRASE_NAMES)} ask one model for its translation; no "
                            f"model here translates {route.legs[0].source} -> {route.legs[-1].target} directly (this "

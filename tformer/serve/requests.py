@@ -17,7 +17,7 @@ import math
 import urllib.parse
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Mapping
 
 from starlette.requests import Request
 
@@ -60,6 +60,8 @@ class Settings:
     api_key: str | None = field(default=None, repr=False)  # needed on every route but /v1/health, /languages
     glossary: Glossary | None = field(default=None, repr=False)  # terms every translation must keep (--glossary)
     pivot: str | None = None  # a language through which a pair no model covers is translated (--pivot); None: none
+    glossaries: Mapping[str, Glossary] = field(default_factory=dict, repr=False)  # target language -> its own
+    # glossary (--glossary LANG=FILE), instead of `glossary`, for the translations into that language
 
     def __post_init__(self) -> None:
         for name in ("max_sentences", "max_chars", "max_tokens", "max_beam", "max_nbest", "max_body", "max_queue",
@@ -88,10 +90,17 @@ class Settings:
         """The batch sizes warmed before serving: 1, 2, 4, .. up to `warm_up` (and it)."""
         return warm_up_sizes(self.warm_up)
 
+    def glossary_for(self, target: str | None) -> Glossary | None:
+        """The glossary of translations into `target`: its own, else the one for every language."""
+        return self.glossaries.get(target, self.glossary) if target is not None else self.glossary
+
     def limits(self) -> dict[str, Any]:
         """The limits and batching settings a client may read (/v1/info); never the API key."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("api_key", "glossary")}
-        return {**out, "glossary_terms": len(self.glossary) if self.glossary is not None else 0}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("api_key", "glossary", "glossaries")}
+        return {**out, "glossary_terms": len(self.glossary) if self.glossary is not None else 0,
+                **({"glossary_terms_by_target": {k: len(g) for k, g in self.glossaries.items()}}
+                   if self.glossaries else {})}
 
 
 def flag(name: str) -> str:
