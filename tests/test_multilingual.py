@@ -18,7 +18,7 @@ from tformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainC
 from tformer.data import load_task
 from tformer.data.corpus import normalize
 from tformer.errors import ConfigError, DataError
-from tformer.languages import Directions, language_token, sampled
+from tformer.languages import Directions, language_tags, sampled
 
 LANGS = ("en", "de", "fr", "cs")
 N_TRAIN, N_EVAL = 300, 24
@@ -68,11 +68,11 @@ def test_a_one_pair_model_accepts_its_own_languages_only():
     from tformer.data.vocab import Vocab
 
     data, vocab = DataConfig(task="translation", dir="x", src_lang="en", tgt_lang="de"), Vocab(["<2de>"])
-    assert language_token(data, vocab, "de", "en") is None
+    assert language_tags(data, vocab, "de", "en") is None
     with pytest.raises(DataError, match="translates en -> de only"):
-        language_token(data, vocab, "fr", None)
+        language_tags(data, vocab, "fr", None)
     with pytest.raises(DataError, match="source language 'cs'"):
-        language_token(data, vocab, None, "cs")
+        language_tags(data, vocab, None, "cs")
 
 
 # ------------------------------------------------------------------------------------------ data

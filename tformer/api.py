@@ -47,7 +47,7 @@ from tformer.inputs import check_batch_type as _check_batch_type
 from tformer.inputs import check_list as _check_list
 from tformer.inputs import decode_fields  # noqa: F401  (decode_fields: the command line's)
 from tformer.errors import ConfigError, DataError
-from tformer.languages import Languages, language_token
+from tformer.languages import Languages, Tags, language_tags
 from tformer import plan as plans_
 from tformer import streams
 from tformer.plan import Decoding, Extras, Plan
@@ -135,9 +135,9 @@ class Translator:
         """The directions of a multilingual model (tformer.languages; None: one pair, config.data's)."""
         return Languages.of(self.config.data)
 
-    def language_token(self, target: str | None = None, source: str | None = None) -> int | None:
-        """The id starting a multilingual model's sources for `target` (tformer.languages.language_token)."""
-        return language_token(self.config.data, self.source_tokenizer.vocab, target, source, self.path)
+    def language_tags(self, target: str | None = None, source: str | None = None) -> Tags | None:
+        """The ids a multilingual model's sources and outputs start with for `target` (tformer.languages)."""
+        return language_tags(self.config.data, self.source_tokenizer.vocab, target, source, self.path)
 
     # ---------------------------------------------------------------------------------------- checks
 
@@ -231,12 +231,12 @@ class Translator:
         (constraints), the others DecodeConfig fields."""
         phrases = {p.name: inputs_and_settings.pop(p.name) for p in PHRASE_INPUTS if p.name in inputs_and_settings}
         _check_list(sources, "sources")
-        lead = self.language_token(target, source)
+        tags = self.language_tags(target, source)
         decoding = self.decoding(beam=beam, nbest=nbest, batch_size=batch_size, batch_type=batch_type,
                                  return_attention=return_attention, alignment=alignment,
                                  alignment_layer=alignment_layer, alignment_heads=alignment_heads,
                                  **inputs_and_settings)
-        return plans_.prepare(self, decoding, sources, prefix, phrases, lead)
+        return plans_.prepare(self, decoding, sources, prefix, phrases, tags)
 
     def run(self, plans: Sequence[Plan], cancelled: Callable[[int], bool] | None = None
             ) -> list[list[Translation | None]]:
@@ -347,8 +347,8 @@ class Translator:
         decoding = self.decoding(batch_size=batch_size, batch_tokens=batch_tokens, batch_type=batch_type,
                                  return_attention=return_attention, alignment=alignment,
                                  alignment_layer=alignment_layer, alignment_heads=alignment_heads)
-        lead = self.language_token(target, source)
-        pairs = [plans_.pair_ids(self, s, t, f"sources[{i}]", f"targets[{i}]", lead)
+        tags = self.language_tags(target, source)
+        pairs = [plans_.pair_ids(self, s, t, f"sources[{i}]", f"targets[{i}]", tags)
                  for i, (s, t) in enumerate(zip(sources, targets))]
         return self._score(pairs, decoding, cancelled)
 

@@ -70,9 +70,9 @@ class ModelConfig:
     # only). See tformer.positions
     decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "rotary",
                                "none"] = ""  # the decoder's own scheme; "" = as model.positions
-    sinusoid: Literal["interleaved", "halves", "marian"] = "interleaved"  # the sinusoidal table's layout: the
-    # paper's (sin, cos interleaved), Hugging Face MarianMT's (sines, then cosines) or Marian's C++ (sines, then
-    # cosines, other frequencies); see tformer.positions.sinusoidal_table
+    sinusoid: Literal["interleaved", "halves", "marian", "fairseq"] = "interleaved"  # the sinusoidal table's
+    # layout: the paper's (sin, cos interleaved), Hugging Face MarianMT's (sines, then cosines), Marian's C++ (sines,
+    # then cosines, other frequencies) or fairseq's (Marian's, from row 2); see tformer.positions.sinusoidal_table
     scale_embedding: bool = True  # token embeddings x sqrt(d_model) before positions are added (the paper)
     max_positions: int = 1024  # rows of a learned table (learned, tupe); later positions reuse the last row
     untie_first: bool = False  # tupe: learned bias values for the first token's row and column ([CLS] reset)
@@ -177,6 +177,11 @@ class DataConfig:
     pairs: tuple[str, ...] = ()  # many directions in one model (format files): 'SRC-TGT' each, read from
     # {dir}/{prefix}.{SRC} and .{TGT}; each source starts with its target's token <2TGT> (tformer.languages).
     # Empty: the one pair src_lang -> tgt_lang
+    languages: tuple[str, ...] = ()  # instead of pairs: every direction between these languages (an imported
+    # M2M-100 or NLLB model)
+    language_tag: str = "<2{}>"  # a language's token, its code in place of {}: <2fr>; M2M-100 __fr__; NLLB {}
+    tag_sides: Literal["source", "both"] = "source"  # source: the target's token starts the source (Johnson et al.);
+    # both: the source's token starts the source and the target's starts the output (M2M-100, NLLB, mBART-50)
     temperature: float = 1.0  # pairs: direction d is drawn with probability ~ n_d ** (1 / temperature) (1: as
     # its size; higher: flatter); smaller directions are repeated to reach it (nothing is dropped), and the
     # shared SentencePiece model learns from each language's text in the same proportions
@@ -254,6 +259,9 @@ class DataConfig:
                f"must be in [0, min_frames={self.min_frames}) so a gap cannot pass for a space, got {self.gap_frames}")
         _check(self.noise >= 0, "data.noise", f"must be >= 0, got {self.noise}")
         _check(self.temperature > 0, "data.temperature", f"must be > 0, got {self.temperature}")
+        _check(self.language_tag.count("{}") == 1, "data.language_tag",
+               f"must hold {{}} once, where the language code goes (<2{{}}>), got {self.language_tag!r}")
+        _check(not (self.pairs and self.languages), "data.languages", "give data.pairs or data.languages, not both")
         if self.pairs:
             from tformer.languages import parse_pairs
 

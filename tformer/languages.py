@@ -7,8 +7,9 @@ shared SentencePiece model, so the tag of a text is one piece whatever the token
 
     Languages.of(data_cfg)           the directions of a config (None: a one-pair model)
     .sources, .targets               the languages a model reads and writes
-    .tag(lang) -> '<2de>'            the token that asks for `lang`
-    .choose(target, source)          the tag a request asks for, or a DataError naming the languages known
+    .tag(lang) -> '<2de>'            the token that names `lang` (data.language_tag: M2M-100's is __de__)
+    .choose(target, source)          the tokens a request asks for, or a DataError naming the languages known
+    language_tags(data, vocab, target, source) -> Tags   their ids: before the source, first in the output
     parse_pairs(['en-de', ...])      the pairs as (source, target) tuples, checked
 """
 
@@ -27,11 +28,6 @@ if TYPE_CHECKING:
     from tformer.data.vocab import Vocab
 
 LANGUAGE = re.compile(r"[a-z]{2,3}(_[A-Za-z0-9]+)?$")  # ISO 639-1/-3 codes, maybe with a script or region (zh_Hant)
-
-
-def tag(lang: str) -> str:
-    """The target-language token: '<2de>'."""
-    return f"<2{lang}>"
 
 
 def parse_pairs(pairs: Iterable[str], key: str = "data.pairs") -> tuple[tuple[str, str], ...]:
@@ -56,13 +52,21 @@ def direction(pair: tuple[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Languages:
-    """The directions a multilingual model was trained on."""
+    """The directions of a multilingual model, and how its tokens ask for them."""
 
     pairs: tuple[tuple[str, str], ...]
+    tag_format: str = "<2{}>"  # data.language_tag
+    tag_sides: str = "source"  # data.tag_sides: 'source' (Johnson et al.) or 'both' (M2M-100, NLLB)
 
     @classmethod
     def of(cls, data: "DataConfig") -> "Languages | None":
-        return cls(parse_pairs(data.pairs)) if data.pairs else None
+        if data.pairs:
+            pairs = parse_pairs(data.pairs)
+        elif data.languages:
+            pairs = tuple((a, b) for a in data.languages for b in data.languages if a != b)
+        else:
+            return None
+        return cls(pairs, data.language_tag, data.tag_sides)
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -72,29 +76,50 @@ class Languages:
     def targets(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t for _, t in self.pairs))
 
+    def tag(self, lang: str) -> str:
+        return self.tag_format.format(lang)
+
     @property
     def tags(self) -> tuple[str, ...]:
-        """Every target's token, in the order of the targets (the tokenizer's user-defined symbols)."""
-        return tuple(tag(t) for t in self.targets)
+        """The tokens of the languages a tag names: the targets (and with tags on both sides the sources too)."""
+        named = self.targets if self.tag_sides == "source" else tuple(dict.fromkeys(self.sources + self.targets))
+        return tuple(self.tag(x) for x in named)
 
     @property
     def directions(self) -> tuple[str, ...]:
         return tuple(direction(p) for p in self.pairs)
 
-    def choose(self, target: str | None, source: str | None = None) -> str:
-        """The tag a request for `target` (from `source`, when given) starts its sources with. A model with one
-        target needs none named; a language it never wrote is an error naming those it knows. A source it never
-        read is an error too; a pair it never saw, whose languages it knows, is allowed (zero-shot)."""
+    def choose(self, target: str | None, source: str | None = None) -> tuple[str | None, str]:
+        """The tokens a request for `target` (from `source`) needs: the one its sources start with (None: none)
+        and the target's, which starts the sources (tag_sides 'source') or the output ('both'). A model with
+        one target (or source) needs it unnamed; a language it never wrote (or read) is an error naming those it
+        knows. A pair it never saw, whose languages it knows, is allowed (zero-shot)."""
         if source is not None and source not in self.sources:
             raise DataError(f"source language {source!r}: this model reads {', '.join(self.sources)}")
         if target is None:
-            if len(self.targets) == 1:
-                return tag(self.targets[0])
-            raise DataError(f"this model writes {', '.join(self.targets)}: name the target language (target='fr', "
-                            "--target fr)")
+            if len(self.targets) > 1:
+                raise DataError(f"this model writes {', '.join(self.targets)}: name the target language "
+                                "(target='fr', --target fr)")
+            target = self.targets[0]
         if target not in self.targets:
             raise DataError(f"target language {target!r}: this model writes {', '.join(self.targets)}")
-        return tag(target)
+        if self.tag_sides == "source":
+            return None, self.tag(target)
+        if source is None:
+            if len(self.sources) > 1:
+                raise DataError(f"this model reads {', '.join(self.sources)} and starts each source with its "
+                                "language's token: name the source language (source='en', --source en)")
+            source = self.sources[0]
+        return self.tag(source), self.tag(target)
+
+
+@dataclass(frozen=True)
+class Tags:
+    """The ids a request's languages add: `source` before every source, `target` first in every output (its
+    prefix); None where the model has no such token."""
+
+    source: int | None = None
+    target: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,10 +137,11 @@ class Directions:
         return dict(zip(self.names, np.bincount(self.of, minlength=len(self.names)).tolist()))
 
 
-def language_token(data: "DataConfig", vocab: "Vocab", target: str | None, source: str | None,
-                   where: object = "the model") -> int | None:
-    """The id of the tag a request for `target` (from `source`) puts before its sources (`Languages.choose`);
-    None for a one-pair model (data.pairs empty), which accepts its own languages only."""
+def language_tags(data: "DataConfig", vocab: "Vocab", target: str | None, source: str | None,
+                  where: object = "the model") -> Tags | None:
+    """The ids a request for `target` (from `source`) adds to a multilingual model's sources and outputs
+    (`Languages.choose`); None for a one-pair model (no data.pairs or data.languages), which accepts its own
+    languages only."""
     for what, lang in (("target", target), ("source", source)):
         if lang is not None and not isinstance(lang, str):
             raise DataError(f"{what} must be a language code such as 'fr', got {type(lang).__name__}")
@@ -126,12 +152,16 @@ def language_token(data: "DataConfig", vocab: "Vocab", target: str | None, sourc
                 raise DataError(f"{what} language {lang!r}: this model translates {data.src_lang} -> "
                                 f"{data.tgt_lang} only")
         return None
-    piece = languages.choose(target, source)
-    ids = vocab.encode([piece])
-    if ids[0] == vocab.unk:
-        raise CheckpointError(f"{where}: its tokenizer has no piece {piece} although its config lists data.pairs "
-                              f"{', '.join(languages.directions)}; the folder is damaged")
-    return ids[0]
+    lead, first = languages.choose(target, source)
+    ids = {}
+    for piece in filter(None, (lead, first)):
+        ids[piece] = vocab.encode([piece])[0]
+        if ids[piece] == vocab.unk:
+            raise CheckpointError(f"{where}: its vocabulary has no entry {piece} although its config names the "
+                                  "language; the folder is damaged")
+    if languages.tag_sides == "source":
+        return Tags(source=ids[first])
+    return Tags(source=ids[lead], target=ids[first])
 
 
 def sampled(directions: Directions, temperature: float, seed: int) -> np.ndarray | None:

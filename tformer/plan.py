@@ -5,7 +5,7 @@ the streaming forms, tformer serve and the explorer all go through the two.
     Decoding(cfg, extras, batch_type)   how a batch is decoded: one object, compared whole
     Plan(decoding, sources, prefixes, phrases, widths)   one caller's sentences; .key: which plans may share a call
     join(plans) -> Plan                 plans of one key as one (run decodes their sentences together)
-    make_plan(translator, decoding, sources, prefixes, phrases, where, lead)   the checks, each text tokenised once
+    make_plan(translator, decoding, sources, prefixes, phrases, where, tags)   the checks, each text tokenised once
 
 Phrase inputs (per-sentence lists of target phrases: constraints, ...) are read from
 tformer.decode.PHRASE_INPUTS: a new one needs no change here.
@@ -23,6 +23,7 @@ from tformer.config import DecodeConfig
 from tformer.decode.phrases import PHRASE_INPUTS, phrase_input
 from tformer.errors import DataError
 from tformer.inputs import check_list, check_per_source, check_strategy, sentence_phrases
+from tformer.languages import Tags
 
 if TYPE_CHECKING:
     from tformer.api import Translator
@@ -145,16 +146,18 @@ def prefix_ids(t: Translator, prefix: Any, where: str) -> tuple[int, ...]:
     return tuple(text_ids(t, prefix, "target", where)) if prefix else ()
 
 
-def pair_ids(t: Translator, source: Any, target: Any, where_source: str, where_target: str, lead: int | None = None
+def pair_ids(t: Translator, source: Any, target: Any, where_source: str, where_target: str, tags: Tags | None = None
              ) -> tuple[list[int] | Tensor, list[int]]:
-    """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty); `lead`:
-    as make_plan's."""
+    """A (source, target) pair to score, checked: a source that is not empty, a target (maybe empty); `tags`:
+    as make_plan's (the output's language token is scored as part of the target)."""
     checked = source_input(t, source, where_source)
     if checked is None:
         raise DataError(f"{where_source} is empty: there is nothing to score a translation against")
+    lead, first = (tags.source, tags.target) if tags is not None else (None, None)
     if lead is not None:
         checked = (lead, *checked)
-    return list(checked) if isinstance(checked, tuple) else checked, text_ids(t, target, "target", where_target)
+    ids = text_ids(t, target, "target", where_target)
+    return list(checked) if isinstance(checked, tuple) else checked, ids if first is None else [first, *ids]
 
 
 def spelling(t: Translator) -> Callable[[str, str], list[int]]:
@@ -163,11 +166,12 @@ def spelling(t: Translator) -> Callable[[str, str], list[int]]:
 
 
 def make_plan(t: Translator, decoding: Decoding, sources: Sequence[Any], prefixes: Sequence[Any] | None,
-              phrases: Mapping[str, Sequence[Any]], where: Where, lead: int | None = None) -> Plan:
+              phrases: Mapping[str, Sequence[Any]], where: Where, tags: Tags | None = None) -> Plan:
     """A Plan of sentences whose lists are known to be in step (one prefix, one phrase list per source):
     every entry checked, each text tokenised once. `phrases`: PHRASE_INPUTS names -> one list of target
-    phrases (or None) per source. `lead`: a token every (non-empty) source starts with, a multilingual model's
-    target language (`Translator.language_token`): plans for different targets still decode together."""
+    phrases (or None) per source. `tags`: a multilingual model's language tokens (`Translator.language_tags`):
+    one every (non-empty) source starts with, one every output starts with (a prefix); plans for different
+    languages still decode together."""
     targets = None if prefixes is None else tuple(prefix_ids(t, p, where("prefix", i)) for i, p in enumerate(prefixes))
     spell = spelling(t)
     checked = {}
@@ -176,8 +180,10 @@ def make_plan(t: Translator, decoding: Decoding, sources: Sequence[Any], prefixe
         checked[name] = tuple(sentence_phrases(phrase, v, where(name, i), spell) for i, v in enumerate(per))
         check_strategy(phrase, decoding.cfg.strategy, any(checked[name]))
     sources_ = tuple(source_input(t, s, where("sources", i)) for i, s in enumerate(sources))
-    if lead is not None:
-        sources_ = tuple(None if s is None else (lead, *s) for s in sources_)
+    if tags is not None and tags.source is not None:
+        sources_ = tuple(None if s is None else (tags.source, *s) for s in sources_)
+    if tags is not None and tags.target is not None:
+        targets = tuple((tags.target, *p) for p in (targets or ((),) * len(sources_)))
     return Plan(decoding, sources_, targets, checked, tuple(width(s) for s in sources_))
 
 
@@ -189,7 +195,7 @@ def width(source: tuple[int, ...] | Tensor | None) -> int:
 
 
 def prepare(t: Translator, decoding: Decoding, sources: Sequence[Any], prefix: Sequence[Any] | None,
-            phrases: Mapping[str, Sequence[Any] | None], lead: int | None = None) -> Plan:
+            phrases: Mapping[str, Sequence[Any] | None], tags: Tags | None = None) -> Plan:
     """`Translator.prepare`'s checks of its lists (one entry per source), then `make_plan`."""
     check_list(sources, "sources")
     if prefix is not None:
@@ -197,7 +203,7 @@ def prepare(t: Translator, decoding: Decoding, sources: Sequence[Any], prefix: S
     given = {name: per for name, per in phrases.items() if per is not None}
     for name, per in given.items():
         check_per_source(per, name, len(sources), "one list of phrases")
-    return make_plan(t, decoding, sources, prefix, given, lambda what, i: f"{what}[{i}]", lead)
+    return make_plan(t, decoding, sources, prefix, given, lambda what, i: f"{what}[{i}]", tags)
 
 
 def phrase_lines(line: str) -> list[str] | None:

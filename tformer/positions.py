@@ -44,7 +44,7 @@ from torch import Tensor, nn
 log = logging.getLogger("tformer")
 
 
-SINUSOIDS = ("interleaved", "halves", "marian")
+SINUSOIDS = ("interleaved", "halves", "marian", "fairseq")
 
 
 def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> Tensor:
@@ -54,15 +54,17 @@ def sinusoidal_table(length: int, d_model: int, layout: str = "interleaved") -> 
         halves       Hugging Face's MarianMT: the same w_i, sines in columns 0 .. D/2-1, cosines after them
         marian       Marian's C++ (and CTranslate2's Marian converter): sines then cosines like halves, but
                      w_i = 10000^(-i/(D/2-1)), the timescales of tensor2tensor (the last one is exactly 1/10000)
+        fairseq      fairseq's (M2M-100, NLLB): marian's table, but position p reads its row p + 2 (fairseq
+                     numbers positions from padding_idx + 1, and its padding index is 1)
 
     An imported model keeps the table it was trained with: the two Marian tables differ (an OPUS-MT model read
     from Marian's .npz uses `marian`, one converted to Hugging Face uses `halves`)."""
     if layout not in SINUSOIDS:
         raise ValueError(f"unknown sinusoid layout {layout!r}; choose one of {', '.join(SINUSOIDS)}")
     half = d_model // 2
-    position = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
+    position = torch.arange(length, dtype=torch.float64)[:, None] + (2 if layout == "fairseq" else 0)  # (L, 1)
     i = torch.arange(half + d_model % 2, dtype=torch.float64)
-    if layout == "marian":
+    if layout in ("marian", "fairseq"):
         w = torch.exp(i * (-math.log(10000.0) / max(half - 1, 1)))
     else:
         w = torch.exp(2 * i * (-math.log(10000.0) / d_model))  # (ceil(D/2),)

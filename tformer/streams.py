@@ -17,6 +17,7 @@ from tformer.data.corpus import iter_lines
 from tformer.errors import DataError
 from tformer.files import writing
 from tformer.inputs import check_chunk, check_strategy, sentence_phrases
+from tformer.languages import Tags
 from tformer.plan import (PHRASE_NAMES, Decoding, make_plan, pair_ids, phrase_input, phrase_lines, prefix_ids,
                           source_input, spelling)
 from tformer.results import Score, Translation, format_score, format_translation, parse_pair
@@ -39,7 +40,7 @@ class Stream:
     decoding: Decoding
     chunk_size: int = CHUNK
     first: int = 1  # the first source's line number
-    lead: int | None = None  # a multilingual model's target-language token (Translator.language_token)
+    tags: Tags | None = None  # a multilingual model's language tokens (Translator.language_tags)
 
 
 def _what(kind: str) -> str:
@@ -59,7 +60,7 @@ def translations(t: Translator, stream: Stream) -> Iterator[Translation]:
             beside[kind] = part
         phrases = {k: v for k, v in beside.items() if k != "prefix"}
         plan = make_plan(t, stream.decoding, chunk, beside.get("prefix"), phrases,
-                         lambda what, i, done=done: f"{names[what]}, line {done + i}", stream.lead)
+                         lambda what, i, done=done: f"{names[what]}, line {done + i}", stream.tags)
         yield from t.run([plan])[0]
         done += len(chunk)
     for kind, values in stream.beside.items():
@@ -76,20 +77,20 @@ def translate_iterable(t: Translator, sources: Any, prefix: Any, chunk_size: int
             raise DataError(f"translate_iterable takes an iterable of {what} (a list, an open file), got a "
                             f"{type(value).__name__}")
     check_chunk(chunk_size)
-    lead = t.language_token(options.pop("target", None), options.pop("source", None))
+    tags = t.language_tags(options.pop("target", None), options.pop("source", None))
     decoding = t._options(options)
     if prefix is not None:
         beside = {"prefix": prefix, **beside}
     names = {"sources": name, "prefix": prefix_name, **{k: f"the {k}" for k in beside if k != "prefix"}}
     return translations(t, Stream(iter(sources), {k: iter(v) for k, v in beside.items()}, names, decoding,
-                                  chunk_size, first_line, lead))
+                                  chunk_size, first_line, tags))
 
 
 def translate_file(t: Translator, source: File, output: str | Path | IO[str], prefix_file: File | None,
                    phrase_files: Mapping[str, File] | None, name: str | None, prefix_name: str | None,
                    chunk_size: int, options: dict[str, Any]) -> int:
     name = name or str(source)
-    lead = t.language_token(options.pop("target", None), options.pop("source", None))
+    tags = t.language_tags(options.pop("target", None), options.pop("source", None))
     decoding = t._options(options)
     check_chunk(chunk_size)
     files = {k: v for k, v in (phrase_files or {}).items() if v is not None}
@@ -122,7 +123,7 @@ def translate_file(t: Translator, source: File, output: str | Path | IO[str], pr
             check_strategy(phrase_input(kind), decoding.cfg.strategy, used)
     with writing(output) as out:
         beside = {k: _values(k, iter_lines(f, names[k])) for k, f in files.items()}
-        stream = Stream(iter_lines(source, name), beside, names, decoding, chunk_size, lead=lead)
+        stream = Stream(iter_lines(source, name), beside, names, decoding, chunk_size, tags=tags)
         for index, translation in enumerate(translations(t, stream)):
             out.write(format_translation(translation, index, decoding.cfg.nbest > 1, decoding.extras.alignment))
     return count

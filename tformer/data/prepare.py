@@ -45,7 +45,7 @@ from tformer.data.synthetic import SPLITS
 from tformer.data.tokenizer import Tokenizer
 from tformer.data.vocab import Vocab
 from tformer.data.translation import corpus_files, language_files, pair_files, read_split, train_tokenizers
-from tformer.languages import Languages, tag
+from tformer.languages import Languages
 from tformer.errors import DataError
 
 log = logging.getLogger("tformer")
@@ -372,7 +372,7 @@ def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokeni
     if receipts:
         log.info("%s: %d of %d %s shards already prepared; encoding the rest", out, len(receipts), n_shards, split)
     limits = (cfg.filter_max_len, cfg.filter_max_ratio) if split == "train" else None
-    tags = _direction_tags(source, toks[0])
+    tags = _direction_tags(source, toks[0], Languages.of(cfg))
     workers = workers or cfg.workers or os.cpu_count() or 1
     workers = max(1, min(workers, n_shards - len(receipts)))
     bar = tqdm(total=source.count, initial=sum(r["raw"] for r in receipts.values()), unit="pair", unit_scale=True,
@@ -417,13 +417,16 @@ def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokeni
     return entry
 
 
-def _direction_tags(source: Source, tok: Tokenizer) -> list[tuple[int, int]] | None:
+def _direction_tags(source: Source, tok: Tokenizer, languages: Languages | None) -> list[tuple[int, int]] | None:
     """Each direction's first raw line (1-based) and the id of its target's token (None: one direction)."""
-    if not source.directions:
+    if not source.directions or languages is None:
         return None
+    if languages.tag_sides != "source":
+        raise DataError("training reads corpora whose sources start with the target's token (data.tag_sides="
+                        "source); tags on both sides (M2M-100's) are for imported models, not yet for training")
     out, line = [], 1
     for name, count in source.directions:
-        piece = tag(name.split("-")[1])
+        piece = languages.tag(name.split("-")[1])
         ids = tok.vocab.encode([piece])
         if ids[0] == Vocab.unk:
             raise DataError(f"the tokenizer has no piece {piece} for direction {name}: prepare the corpus with a "

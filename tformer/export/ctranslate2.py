@@ -123,20 +123,23 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
 def translate_ctranslate2(model_dir: str | Path, translator, sources: list[str], beam: int = 5,
                           len_penalty: float = 0.0, max_len: int = 256, min_len: int = 0, batch_size: int = 64,
                           compute_type: str = "default", threads: int = 0, use_vmap: bool = False,
-                          target: str | None = None) -> list[str]:
+                          target: str | None = None, source: str | None = None) -> list[str]:
     """Translate raw sentences with an exported model, tokenised and detokenised by the checkpoint's own
     tokenizers (`translator`, a tformer.api.Translator of the exported checkpoint). len_penalty: CTranslate2's
     (score / length**alpha), not tformer's GNMT penalty; at 0 both rank by the summed log-probability.
     min_len: as tformer's decode.min_len (CTranslate2's default is 1). use_vmap: restrict the output to the
-    model's vocabulary map (an export with a shortlist). target: a multilingual model's target language, whose
-    token (<2fr>) starts every source, as in tformer."""
+    model's vocabulary map (an export with a shortlist). target (and source): a multilingual model's languages,
+    whose tokens start every source (<2fr>; M2M-100: __en__) and every output (a target prefix: __fr__), as in
+    tformer; the output's token is left out of the text."""
     ctranslate2 = _require_ctranslate2()
     ct2 = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
                                  intra_threads=threads or torch.get_num_threads())
-    lead = translator.language_token(target)
-    first = [] if lead is None else [lead]
-    pieces = [translator.pieces(first + translator.encode(s), "source") for s in sources]
-    results = ct2.translate_batch(pieces, max_batch_size=batch_size, beam_size=beam, length_penalty=len_penalty,
-                                  max_decoding_length=max_len, min_decoding_length=min_len, use_vmap=use_vmap)
+    tags = translator.language_tags(target, source)
+    lead = [] if tags is None or tags.source is None else [tags.source]
+    pieces = [translator.pieces(lead + translator.encode(s), "source") for s in sources]
+    prefix = None if tags is None or tags.target is None else [translator.pieces([tags.target])] * len(sources)
+    results = ct2.translate_batch(pieces, target_prefix=prefix, max_batch_size=batch_size, beam_size=beam,
+                                  length_penalty=len_penalty, max_decoding_length=max_len,
+                                  min_decoding_length=min_len, use_vmap=use_vmap)
     stoi = translator.target_tokenizer.vocab.stoi
     return [translator.decode([stoi.get(t, 3) for t in r.hypotheses[0]]) for r in results]
