@@ -375,6 +375,9 @@ class DecodeConfig:
     batch_size: int = option(250, "sentences per decoding batch", low=1)
     batch_tokens: int = option(0, "> 0: batches of at most this many padded source tokens (sentences x longest) "
                                "instead; 0: count sentences", low=0)
+    prefix_score: Literal["log_prob", "zero"] = option("log_prob", "what a forced prefix's tokens add to a "
+                                                       "hypothesis' score")  # log_prob: their log-probability
+    # (fairseq); zero: nothing (Hugging Face's forced tokens: an imported M2M-100's target-language token)
     beam_finish: Literal["top_k", "all"] = option("top_k", "beam: which endings are kept", per_call=True)  # top_k:
     # </s> among a step's top K of 2K candidates (fairseq, CTranslate2, Marian); all: every finished candidate that
     # could still win, with an exact stop (t5x): outputs the model scores higher, but on Multi30k shorter and up to

@@ -1,8 +1,9 @@
 """Models trained elsewhere, read as tformer checkpoints: a Hugging Face MarianMT folder
-(tformer.convert.hf_marian) or a Marian model folder, OPUS-MT's native release (tformer.convert.marian).
+(tformer.convert.hf_marian), a Hugging Face M2M-100 folder (tformer.convert.hf_m2m100: 100 languages in one
+model) or a Marian model folder, OPUS-MT's native release (tformer.convert.marian).
 tformer.export.export_hf_marian writes the first kind back.
 
-    tformer.load("opus-mt-en-de")                     a local folder of either kind, converted in memory
+    tformer.load("opus-mt-en-de")                     a local folder of any kind, converted in memory
     tformer import hf-marian opus-mt-en-de runs/ende  converted once into a tformer run folder
     tformer import marian opus-2020-02-26 runs/ende
 
@@ -18,7 +19,8 @@ from pathlib import Path
 
 from tformer.errors import CheckpointError
 
-FORMATS = ("hf-marian", "marian")
+FORMATS = ("hf-marian", "hf-m2m100", "marian")
+HF_KINDS = {"marian": "hf-marian", "m2m_100": "hf-m2m100"}  # config.json's model_type -> the format
 
 
 def hub_name(src: Path) -> bool:
@@ -49,6 +51,7 @@ def remove(out: Path) -> None:
 def read(fmt: str, src: str | Path, overrides: list[str] = ()):
     """The checkpoint a foreign model folder holds (converted in memory), as tformer.checkpoint reads
     its own."""
+    from tformer.convert.hf_m2m100 import read_hf_m2m100
     from tformer.convert.hf_marian import read_hf_marian
     from tformer.convert.marian import read_marian
 
@@ -61,7 +64,8 @@ def read(fmt: str, src: str | Path, overrides: list[str] = ()):
                 if hub_name(src) else "")
         raise CheckpointError(f"{src} does not exist: pass a tformer run or checkpoint folder, or a local model "
                               f"folder{hint}")
-    return (read_hf_marian if fmt == "hf-marian" else read_marian)(src, list(overrides))
+    reader = {"hf-marian": read_hf_marian, "hf-m2m100": read_hf_m2m100, "marian": read_marian}[fmt]
+    return reader(src, list(overrides))
 
 
 def open_checkpoint(path: str | Path, which: str = "best", overrides: list[str] = ()):
@@ -72,10 +76,22 @@ def open_checkpoint(path: str | Path, which: str = "best", overrides: list[str] 
     from tformer.checkpoint import load_checkpoint
 
     if is_hf_folder(path) or hub_name(Path(path)):
-        return read("hf-marian", path, list(overrides))
+        return read(hf_format(Path(path)), path, list(overrides))
     if is_marian_folder(path) and not (Path(path) / "checkpoints").is_dir():
         return read("marian", path, list(overrides))
     return load_checkpoint(path, which, list(overrides))
+
+
+def hf_format(folder: Path) -> str:
+    """The import format of a Hugging Face folder, by its config.json's model_type (hf-marian when unreadable:
+    that reader names what is wrong)."""
+    import json
+
+    try:
+        kind = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return "hf-marian"
+    return HF_KINDS.get(kind, "hf-marian")
 
 
 def import_model(fmt: str, src: str | Path, out: str | Path, force: bool = False) -> Path:

@@ -140,22 +140,29 @@ class PieceTableTokenizer:
     the other entries in the order of their ids in the original table); a piece missing from the table is
     <unk>. A leading target-language tag such as `>>deu<<` (multilingual OPUS-MT models) is one entry, never
     cut into pieces; MarianTokenizer does the same. `original` is the id each entry had in the imported table
-    (the rows the weights were permuted by, kept for export; `tformer.convert`)."""
+    (the rows the weights were permuted by, kept for export; `tformer.convert`). `controls`: entries decoding
+    leaves out of the text (M2M-100's language tokens, which start its outputs), as Hugging Face's
+    skip_special_tokens does."""
 
     kind = "pieces"
 
     def __getstate__(self) -> dict:  # pickled as its files' contents (encoding processes rebuild it)
-        return {"model_bytes": self.model_bytes, "pieces": self.vocab.itos[4:], "original": self.original}
+        return {"model_bytes": self.model_bytes, "pieces": self.vocab.itos[4:], "original": self.original,
+                "controls": self.controls}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["model_bytes"], Vocab(state["pieces"]), state["original"])
+        self.__init__(state["model_bytes"], Vocab(state["pieces"]), state["original"],
+                      controls=state.get("controls", ()))
 
-    def __init__(self, model_bytes: bytes, vocab: Vocab, original: list[int], name: str = "<memory>") -> None:
+    def __init__(self, model_bytes: bytes, vocab: Vocab, original: list[int], name: str = "<memory>",
+                 controls: Sequence[str] = ()) -> None:
         import sentencepiece as spm
 
         if len(original) != len(vocab):
             raise DataError(f"{name}: {len(original)} original ids for a vocabulary of {len(vocab)} entries")
         self.model_bytes, self.vocab, self.original = model_bytes, vocab, list(original)
+        self.controls = tuple(controls)
+        self._dropped = frozenset(controls)
         self.sp = spm.SentencePieceProcessor()
         try:
             self.sp.LoadFromSerializedProto(model_bytes)
@@ -174,18 +181,21 @@ class PieceTableTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Entries the SentencePiece model does not know (a joint table's other-language pieces) keep their
         '▁' word marks through decode_pieces: they become spaces afterwards, as MarianTokenizer does."""
-        return self.sp.decode_pieces(self.vocab.decode(ids)).replace("\u2581", " ").strip()
+        pieces = [p for p in self.vocab.decode(ids) if p not in self._dropped]
+        return self.sp.decode_pieces(pieces).replace("\u2581", " ").strip()
 
     def fingerprint(self) -> str:
         h = hashlib.sha256(self.model_bytes)
-        h.update(json.dumps([self.vocab.itos, self.original]).encode("utf-8"))
+        h.update(json.dumps([self.vocab.itos, self.original, *([list(self.controls)] if self.controls else [])]
+                            ).encode("utf-8"))
         return h.hexdigest()
 
     def files(self, side: str) -> dict[str, bytes]:
         """What holds it beside its vocab.{side}.txt: spm.{side}.model and table.{side}.json (the original id of
         each entry)."""
         return {f"spm.{side}.model": self.model_bytes,
-                f"table.{side}.json": json.dumps({"original_ids": self.original}).encode("utf-8")}
+                f"table.{side}.json": json.dumps({"original_ids": self.original, **(
+                    {"controls": list(self.controls)} if self.controls else {})}).encode("utf-8")}
 
     def save(self, folder: str | Path, side: str) -> None:
         for name, data in self.files(side).items():
@@ -196,12 +206,15 @@ class PieceTableTokenizer:
         folder = Path(folder)
         model, table = folder / f"spm.{side}.model", folder / f"table.{side}.json"
         try:
-            ids = json.loads(table.read_text(encoding="utf-8"))["original_ids"]
+            info = json.loads(table.read_text(encoding="utf-8"))
+            ids, controls = info["original_ids"], info.get("controls", [])
             model_bytes = model.read_bytes()
         except FileNotFoundError as e:
             raise DataError(f"{e.filename} does not exist; the checkpoint is incomplete") from None
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise DataError(f"{table} is damaged ({e}); the checkpoint is corrupt") from None
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise DataError(f"{table}: 'original_ids' must be a list of whole numbers; the checkpoint is corrupt")
-        return cls(model_bytes, vocab, ids, str(model))
+        if not isinstance(controls, list) or not all(isinstance(c, str) for c in controls):
+            raise DataError(f"{table}: 'controls' must be a list of entries; the checkpoint is corrupt")
+        return cls(model_bytes, vocab, ids, str(model), controls)

@@ -80,6 +80,11 @@ class Rule:
         token keeps its score from before the masks, every other token of its row is -inf (`force`)."""
         return None
 
+    def forced_score(self, scores: Tensor) -> Tensor:
+        """(N,) what its forced tokens score, given their scores (N,) from before the masks: themselves, or
+        another value (a prefix under decode.prefix_score zero: 0)."""
+        return scores
+
     def select(self, rows: Tensor) -> None:
         """Keep, reorder or repeat its per-row state by `rows` (N',), as the cache's hypothesis rows."""
 

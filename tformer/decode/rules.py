@@ -8,6 +8,7 @@ list and Hugging Face's `LogitsProcessorList`:
     logits(logits, at)     change a step's logits before the search normalises them   (repetition penalty)
     mask(scores, at)       set to -inf, in place, the tokens it forbids, nothing else  (the others)
     forced(at)             the token each row must take (-1: free), kept at its score from before the masks
+    forced_score(scores)   what those tokens score instead (default: that score)
     select(rows)           keep / reorder / repeat its per-row state with the batch's rows
     advance(rows, tokens)  move its per-row state on by the tokens chosen
     candidates, take       beam search only: choose among candidates (constraints: extra candidates, banks)
@@ -30,7 +31,8 @@ changes no bit; it is fixed for the reader. The rules:
     NoRepeatNgram       no_repeat_ngram > 0: no n-gram twice in a row's output
     Avoid               phrases["avoid"]: phrases no output may hold (negative constraints; every search)
     Constraints         phrases["constraints"]: phrases every output must hold (decode.constraints; beam only)
-    ForcedPrefix        a prefix: each output starts with it, its tokens scored at their log-probability
+    ForcedPrefix        a prefix: each output starts with it, its tokens scored at their log-probability (or 0:
+                        decode.prefix_score)
 
 The prefix is a forcing rule: it overrides the masks (a prefix may repeat an n-gram; its token keeps its score
 from before them), and the limits are raised to hold it; min_len and the n-gram rule count its tokens as the
@@ -205,14 +207,20 @@ class Avoid(Rule):
 
 
 class ForcedPrefix(Rule):
-    """Each output of sentence i begins with exactly prefix[i]: a row inside its prefix takes the token due."""
+    """Each output of sentence i begins with exactly prefix[i]: a row inside its prefix takes the token due, at
+    its log-probability, or at 0 with decode.prefix_score zero (Hugging Face scores its forced tokens so)."""
 
-    def __init__(self, table: Tensor) -> None:
+    def __init__(self, table: Tensor, zero: bool = False) -> None:
         self.table = table  # (B, P) padded with -1
+        self.zero = zero
 
     @classmethod
     def of(cls, given: Given, max_len: Tensor) -> tuple[Rule | None, Tensor]:
-        return (cls(given.prefix) if given.prefix.shape[1] else None), max_len  # the limits hold it already
+        rule = cls(given.prefix, given.cfg.prefix_score == "zero") if given.prefix.shape[1] else None
+        return rule, max_len  # the limits hold it already
+
+    def forced_score(self, scores: Tensor) -> Tensor:
+        return torch.zeros_like(scores) if self.zero else scores
 
     def forced(self, at) -> Tensor | None:
         if at.t >= self.table.shape[1]:  # every sentence is past its prefix
@@ -266,7 +274,7 @@ class Rules:
         for r in self._forcing:
             forced = r.forced(at)  # (N,) or None
             if forced is not None:  # read before the masks: a forced token keeps its own score
-                pins.append((forced, forced_scores(x if read is None else read(x), forced)))
+                pins.append((forced, r.forced_score(forced_scores(x if read is None else read(x), forced))))
         for r in self._masks:
             x = r.mask(x, at)  # in place
         if narrow is not None:

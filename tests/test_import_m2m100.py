@@ -1,0 +1,164 @@
+"""Hugging Face M2M-100 folders read as tformer models (tformer.convert.hf_m2m100), judged against transformers'
+own M2M100Tokenizer and M2M100ForConditionalGeneration on tiny random models built here from their configs
+(nothing downloaded): token ids, teacher-forced logits, forced-decoding scores, greedy and beam outputs between
+several language pairs, as generate(forced_bos_token_id=...) writes them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tformer
+from hf_marian_models import _spm, pieces, sentences
+from tformer.errors import CheckpointError, DataError
+
+SOURCES = {"en": ["A dog runs on the beach.", "Two men are playing chess in a park.", "A girl."],
+           "de": ["Ein Hund läuft am Strand.", "Zwei Männer spielen Schach."]}
+TARGETS = {"fr": ["Un chien court sur la plage.", "Deux hommes jouent aux échecs dans un parc.", "Une fille."]}
+
+
+def make_folder(path, *, seed: int = 0, d_model: int = 32, layers: int = 2, eos_lift: float = 7.0):
+    """A tiny M2M-100 folder: a SentencePiece model over English, German and French, fairseq's dictionary in
+    vocab.json, the 100 language tokens and 8 made-up words after it, random weights (layer norms too)."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    path.mkdir(parents=True)
+    spm = _spm(sentences("en", 800) + sentences("de", 800) + sentences("fr", 800), 300)
+    (path / "sentencepiece.bpe.model").write_bytes(spm)
+    table = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for p in pieces(spm)[3:]:
+        table.setdefault(p, len(table))
+    (path / "vocab.json").write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
+    M2M100Tokenizer(str(path / "vocab.json"), str(path / "sentencepiece.bpe.model"), src_lang="en",
+                    tgt_lang="fr").save_pretrained(path)
+    cfg = M2M100Config(vocab_size=len(table) + 108, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * d_model,
+                       decoder_ffn_dim=2 * d_model, max_position_embeddings=128, dropout=0.0, init_std=0.3)
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # random everywhere, so that no mapping error hides behind a zero or a one
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+        eos = model.model.shared.weight[2]
+        model.model.decoder.layer_norm.bias += eos_lift * eos / eos.norm() ** 2  # </s>'s logit + eos_lift: outputs
+        # end at varied lengths
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, shared_data):
+    return make_folder(tmp_path_factory.mktemp("m2m") / "tiny")
+
+
+def hf_pair(folder):
+    from transformers import M2M100ForConditionalGeneration, M2M100Tokenizer
+
+    return M2M100ForConditionalGeneration.from_pretrained(folder).eval(), M2M100Tokenizer.from_pretrained(folder)
+
+
+def original(t, ids):
+    return [t.source_tokenizer.original[i] for i in ids]
+
+
+def test_token_ids_equal_the_m2m100_tokenizer(folder):
+    t = tformer.load(folder, device="cpu")
+    _, tok = hf_pair(folder)
+    for lang, texts in SOURCES.items():
+        tok.src_lang = lang
+        for text in texts:
+            tags = t.language_tags("fr", lang)
+            assert original(t, [tags.source, *t.encode(text), 2]) == tok(text)["input_ids"]
+    assert original(t, [t.language_tags("fr", "en").target]) == [tok.get_lang_id("fr")]
+    assert t.languages.tag("fr") == "__fr__" and len(t.languages.sources) == 100
+
+
+def test_teacher_forced_logits_and_scores_equal_hugging_face(folder):
+    t = tformer.load(folder, device="cpu")
+    hf, tok = hf_pair(folder)
+    tok.src_lang, tok.tgt_lang = "en", "fr"
+    batch = tok(SOURCES["en"], text_target=TARGETS["fr"], return_tensors="pt", padding=True)
+    labels = batch["labels"]  # __fr__ y1 .. </s>, padded with 1
+    dec_in = torch.cat([torch.full((len(labels), 1), 2), labels[:, :-1]], 1)
+    dec_mask = (dec_in != 1).long()
+    with torch.no_grad():
+        ref = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, decoder_input_ids=dec_in,
+                 decoder_attention_mask=dec_mask).logits  # (B, T, V)
+        ours = {m: i for i, m in enumerate(t.source_tokenizer.original)}  # 2 -> </s>; the start is tformer's <s>
+        src = torch.tensor([[ours[m] for m in row] for row in batch.input_ids.tolist()])
+        tgt = torch.tensor([[1] + [ours[m] for m in row[1:]] for row in dec_in.tolist()])
+        src[batch.attention_mask == 0] = 0
+        tgt[dec_mask == 0] = 0
+        out = t.model(src, batch.attention_mask.sum(1), tgt, dec_mask.sum(1))
+        logits = t.model.generator(out.padded())  # (B, T, V + 1)
+    mine = torch.full_like(ref, float("nan"))
+    mine[..., original(t, [i for i in range(logits.shape[-1]) if i != 1])] = logits[..., [i for i in range(
+        logits.shape[-1]) if i != 1]]
+    real = dec_mask.bool()
+    assert not mine.isnan().any()
+    assert ((mine - ref).abs() / ref.abs().clamp(min=1))[real].max() <= 1e-5
+    assert (logits.log_softmax(-1)[..., 1][real].exp() == 0).all()  # the start's copy takes no probability
+    scored = t.score(SOURCES["en"], TARGETS["fr"], source="en", target="fr")
+    lp = ref.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0]  # (B, T)
+    for got, row, mask in zip(scored, lp, labels != 1):
+        want = float(row[mask].sum())  # __fr__ and </s> included, as Hugging Face's labels hold them
+        assert abs(got.log_prob - want) <= 1e-5 * max(1.0, abs(want))
+
+
+@pytest.mark.parametrize("source, target", [("en", "fr"), ("de", "en"), ("en", "de")])
+def test_greedy_and_beam_equal_generate(folder, source, target):
+    t = tformer.load(folder, device="cpu")
+    hf, tok = hf_pair(folder)
+    tok.src_lang = source
+    N = 20
+    texts = SOURCES[source]
+    lengths = set()
+    for beams, alpha in ((1, 1.0), (4, 1.0), (4, 0.6)):
+        got = t.translate(texts, source=source, target=target, beam=beams, len_penalty=alpha, len_penalty_rule="power",
+                          max_len_a=0.0, max_len_b=N)
+        with torch.no_grad():
+            gen = hf.generate(**tok(texts, return_tensors="pt", padding=True), num_beams=beams, do_sample=False,
+                              length_penalty=alpha, max_new_tokens=N, max_length=None,
+                              forced_bos_token_id=tok.get_lang_id(target), early_stopping=False,
+                              output_scores=True, return_dict_in_generate=True)  # tformer stops as generate's
+            # default does (the folder's early_stopping=True stops at K finished: a rule tformer does not run)
+        for ours, row, text, want in zip(got, gen.sequences.tolist(), texts, gen.sequences_scores.tolist()
+                                         if beams > 1 else [None] * len(texts)):
+            row = row[1:]  # the decoder's start
+            row = [x for x in (row[: row.index(2)] if 2 in row else row) if x != 1]
+            assert original(t, [t.source_tokenizer.vocab.stoi[p] for p in ours.hypotheses[0].tokens]) == row, \
+                (beams, alpha, text)
+            assert row[0] == tok.get_lang_id(target)  # forced first: the target's token, left out of the text
+            words = [x for x in row[1:] if x not in tok.id_to_lang_token]  # M2M100Tokenizer's special tokens
+            assert ours.text == tok.decode(words, skip_special_tokens=True)
+            lengths.add(len(row))
+            if want is not None:  # the forced token scores 0 in both (decode.prefix_score zero)
+                assert abs(ours.hypotheses[0].score - want) <= 1e-5 * max(1.0, abs(want))
+    assert len(lengths) >= 2  # outputs that end at different lengths
+
+
+def test_languages_are_named_and_checked(folder):
+    t = tformer.load(folder, device="cpu")
+    with pytest.raises(DataError, match="name the source language"):
+        t.translate(["A dog."], target="fr")
+    with pytest.raises(DataError, match="target language 'xx'"):
+        t.translate(["A dog."], source="en", target="xx")
+    fr = t.translate(["A dog."], source="en", target="fr")[0]
+    assert fr.hypotheses[0].tokens[0] == "__fr__" and "__fr__" not in fr.text
+
+
+def test_a_folder_that_does_not_fit_is_refused_by_name(folder, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    info = json.loads((bad / "tokenizer_config.json").read_text())
+    (bad / "tokenizer_config.json").write_text(json.dumps({**info, "language_codes": "wmt21"}))
+    with pytest.raises(CheckpointError, match="language_codes"):
+        tformer.load(bad)
+    (bad / "tokenizer_config.json").write_text(json.dumps({**info, "language_codes": "klingon"}))
+    with pytest.raises(CheckpointError, match="tformer knows m2m100, wmt21"):
+        tformer.load(bad)
