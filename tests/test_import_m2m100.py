@@ -150,6 +150,25 @@ def test_languages_are_named_and_checked(folder):
     assert fr.hypotheses[0].tokens[0] == "__fr__" and "__fr__" not in fr.text
 
 
+def test_import_writes_a_run_folder_that_translates_identically(folder, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "tformer", "import", "hf-m2m100", str(folder), str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    direct, imported = tformer.load(folder), tformer.load(out)
+    for source, target in (("en", "fr"), ("de", "en")):
+        want = direct.translate(SOURCES[source], source=source, target=target, beam=3)
+        got = imported.translate(SOURCES[source], source=source, target=target, beam=3)
+        assert [(x.text, x.hypotheses[0].tokens) for x in got] == [(x.text, x.hypotheses[0].tokens) for x in want]
+    r = subprocess.run([sys.executable, "-m", "tformer", "translate", "--checkpoint", str(out), "--source", "en",
+                        "--target", "fr"], input="A dog runs on the beach.\n", capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == direct.translate(SOURCES["en"][:1], source="en",
+                                                                       target="fr")[0].text
+
+
 def test_a_folder_that_does_not_fit_is_refused_by_name(folder, tmp_path):
     import shutil
 

@@ -1,12 +1,16 @@
-"""tformer import: a model trained elsewhere (a Hugging Face MarianMT / OPUS-MT folder) as a tformer run folder."""
+"""tformer import: a model trained elsewhere (a Hugging Face MarianMT / OPUS-MT or M2M-100 folder, a Marian
+folder) as a tformer run folder."""
 
 from __future__ import annotations
 
 import argparse
 
+from tformer.convert import FORMATS
+
 
 def add_parser(sub) -> None:
-    sp = sub.add_parser("import", help="convert a Hugging Face Marian or a Marian (OPUS-MT) model into a tformer run folder",
+    sp = sub.add_parser("import", help="convert a Hugging Face Marian or M2M-100, or a Marian (OPUS-MT) model into a "
+                        "tformer run folder",
                         description="hf-marian: a local folder with config.json, model.safetensors (or "
                         "pytorch_model.bin, read without unpickling code), source.spm, target.spm and vocab.json, "
                         "as `transformers` saves a MarianMTModel. The run folder it writes translates, scores, "
@@ -14,9 +18,11 @@ def add_parser(sub) -> None:
                         "Hugging Face folder directly (converted in memory each time). Nothing is downloaded: "
                         "fetch a hub model first (huggingface-cli download Helsinki-NLP/opus-mt-en-de --local-dir "
                         "opus-mt-en-de). marian: a Marian model folder as OPUS-MT publishes it (decoder.yml, the .npz, "
-                        "*.vocab.yml, source.spm, target.spm), with Marian's own position table. Example: tformer "
-                        "import hf-marian opus-mt-en-de runs/opus-en-de")
-    sp.add_argument("format", choices=("hf-marian", "marian"), help="the folder's kind")
+                        "*.vocab.yml, source.spm, target.spm), with Marian's own position table. hf-m2m100: an "
+                        "M2M100ForConditionalGeneration folder (config.json, the weights, sentencepiece.bpe.model, "
+                        "vocab.json, tokenizer_config.json), which translates between its 100 languages "
+                        "(--source en --target fr). Example: tformer import hf-marian opus-mt-en-de runs/opus-en-de")
+    sp.add_argument("format", choices=FORMATS, help="the folder's kind")
     sp.add_argument("src", metavar="SRC", help="the folder to read")
     sp.add_argument("out", metavar="OUT", help="the run folder to write (must not exist)")
     sp.add_argument("--force", action="store_true", help="replace OUT if it exists")
