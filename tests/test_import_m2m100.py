@@ -169,6 +169,26 @@ def test_import_writes_a_run_folder_that_translates_identically(folder, tmp_path
                                                                        target="fr")[0].text
 
 
+def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folder, tmp_path):
+    from tformer.export import export
+
+    out = export("hf-m2m100", folder, tmp_path / "back")
+    hf, tok = hf_pair(folder)
+    back, back_tok = hf_pair(out)
+    theirs, ours = hf.state_dict(), back.state_dict()
+    assert set(theirs) == set(ours)
+    for name, tensor in theirs.items():
+        assert torch.equal(tensor, ours[name]), name
+    assert back_tok.get_vocab() == tok.get_vocab()
+    for lang in ("en", "de"):
+        tok.src_lang = back_tok.src_lang = lang
+        assert back_tok(SOURCES[lang])["input_ids"] == tok(SOURCES[lang])["input_ids"]
+    with pytest.raises(Exception, match="not imported from an M2M-100 folder"):
+        from test_serve import CHECKPOINT
+
+        export("hf-m2m100", CHECKPOINT, tmp_path / "other")
+
+
 def test_a_folder_that_does_not_fit_is_refused_by_name(folder, tmp_path):
     import shutil
 

@@ -5,9 +5,10 @@
     tformer.export.argos         an Argos Translate package (.argosmodel) that argostranslate installs and
                                  LibreTranslate serves: the CTranslate2 model, the SentencePiece model, metadata
     tformer.export.hf_marian     a Hugging Face MarianMT folder (to_hf_marian: the same network in memory)
+    tformer.export.hf_m2m100     a Hugging Face M2M-100 folder, for a model imported from one
     tformer.export.onnx          ONNX graphs of the encoder and of one decoding step (onnx_greedy decodes them)
 
-    tformer export --format ctranslate2|argos|hf-marian|onnx RUN_DIR OUT     (`export`, below)
+    tformer export --format ctranslate2|argos|hf-marian|hf-m2m100|onnx RUN_DIR OUT     (`export`, below)
 
 Every format reads a tformer run or checkpoint folder through the public API (tformer.load), and all of them
 are the same vanilla Transformer written in another toolkit's terms: `check_exportable` refuses, with the
@@ -31,13 +32,15 @@ if TYPE_CHECKING:  # for readers and type checkers; at run time __getattr__ impo
 
     from tformer.export.argos import export_argos
     from tformer.export.ctranslate2 import export_ctranslate2, translate_ctranslate2
+    from tformer.export.hf_m2m100 import export_hf_m2m100, to_hf_m2m100
     from tformer.export.hf_marian import export_hf_marian, to_hf_marian
     from tformer.export.onnx import OnnxEncoder, OnnxStep, export_onnx, onnx_greedy
 
-FORMATS = ("ctranslate2", "argos", "hf-marian", "onnx")
+FORMATS = ("ctranslate2", "argos", "hf-marian", "hf-m2m100", "onnx")
 QUANTIZED = ("ctranslate2", "argos")  # the formats whose weights may be stored quantized
 _PUBLIC = {"export_ctranslate2": "ctranslate2", "translate_ctranslate2": "ctranslate2", "export_argos": "argos",
-           "export_hf_marian": "hf_marian", "to_hf_marian": "hf_marian", "export_onnx": "onnx",
+           "export_hf_marian": "hf_marian", "to_hf_marian": "hf_marian", "export_hf_m2m100": "hf_m2m100",
+           "to_hf_m2m100": "hf_m2m100", "export_onnx": "onnx",
            "onnx_greedy": "onnx", "OnnxEncoder": "onnx", "OnnxStep": "onnx"}
 
 
@@ -53,7 +56,7 @@ def export(fmt: str, checkpoint: str | Path, out: str | Path, *, quantization: s
         raise ConfigError(f"--quantization is for --format {' and '.join(QUANTIZED)}")
     if shortlist and fmt != "ctranslate2":
         raise ConfigError("--shortlist is for --format ctranslate2 (Argos Translate does not read a vocabulary map)")
-    from tformer.export import argos, ctranslate2, hf_marian, onnx
+    from tformer.export import argos, ctranslate2, hf_m2m100, hf_marian, onnx
 
     if fmt == "ctranslate2":
         return ctranslate2.export_ctranslate2(checkpoint, out, quantization, force=force, which=which,
@@ -62,6 +65,8 @@ def export(fmt: str, checkpoint: str | Path, out: str | Path, *, quantization: s
         return argos.export_argos(checkpoint, out, quantization=quantization or "int8", force=force, which=which)
     if fmt == "hf-marian":
         return hf_marian.export_hf_marian(checkpoint, out, force=force, which=which)
+    if fmt == "hf-m2m100":
+        return hf_m2m100.export_hf_m2m100(checkpoint, out, force=force, which=which)
     return onnx.export_onnx(checkpoint, out, which=which)[0].parent
 
 
