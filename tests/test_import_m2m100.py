@@ -189,6 +189,19 @@ def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folder, tmp_
         export("hf-m2m100", CHECKPOINT, tmp_path / "other")
 
 
+def test_a_server_routes_any_pair_of_its_languages(folder):
+    from test_serve import call, live
+
+    t = tformer.load(folder, device="cpu")
+    with live({"m2m": t}) as (_, url):
+        for source, target in (("en", "fr"), ("de", "en")):
+            want = [x.text for x in t.translate(SOURCES[source], source=source, target=target)]
+            status, out, _ = call(url, "/translate", {"q": SOURCES[source], "source": source, "target": target})
+            assert status == 200 and out["translatedText"] == want
+        status, out, _ = call(url, "/languages")
+        assert len(out) == 100 and {x["code"]: len(x["targets"]) for x in out}["fr"] == 99
+
+
 def test_a_folder_that_does_not_fit_is_refused_by_name(folder, tmp_path):
     import shutil
 

@@ -53,8 +53,8 @@ class Leg:
 
     @property
     def options(self) -> dict[str, str]:
-        """What Translator.prepare is told: a multilingual model the target it writes (a one-pair model knows)."""
-        return {"target": self.target} if self.model.multilingual else {}
+        """What Translator.prepare is told: a multilingual model the languages (a one-pair model knows them)."""
+        return {"source": self.source, "target": self.target} if self.model.multilingual else {}
 
 
 @dataclass(frozen=True)
