@@ -70,9 +70,8 @@ class ModelConfig:
     # only). See tformer.positions
     decoder_positions: Literal["", "sinusoidal", "learned", "tupe", "tupe-r", "relative", "alibi", "rotary",
                                "none"] = ""  # the decoder's own scheme; "" = as model.positions
-    sinusoid: Literal["interleaved", "halves", "marian", "fairseq"] = "interleaved"  # the sinusoidal table's
-    # layout: the paper's (sin, cos interleaved), Hugging Face MarianMT's (sines, then cosines), Marian's C++ (sines,
-    # then cosines, other frequencies) or fairseq's (Marian's, from row 2); see tformer.positions.sinusoidal_table
+    sinusoid: Literal["interleaved", "halves", "marian", "fairseq"] = "interleaved"  # the table's layout: the
+    # paper's, Hugging Face MarianMT's, Marian's C++ or fairseq's (tformer.positions.sinusoidal_table)
     scale_embedding: bool = True  # token embeddings x sqrt(d_model) before positions are added (the paper)
     max_positions: int = 1024  # rows of a learned table (learned, tupe); later positions reuse the last row
     untie_first: bool = False  # tupe: learned bias values for the first token's row and column ([CLS] reset)
@@ -174,17 +173,14 @@ class DataConfig:
     train_prefix: str = "train"  # translation files: the training split's name ({dir}/{train_prefix}.{lang})
     valid_prefix: str = "valid"  # ... the validation split's
     test_prefix: str = "test"  # ... the test split's
-    pairs: tuple[str, ...] = ()  # many directions in one model (format files): 'SRC-TGT' each, read from
-    # {dir}/{prefix}.{SRC} and .{TGT}; each source starts with its target's token <2TGT> (tformer.languages).
-    # Empty: the one pair src_lang -> tgt_lang
-    languages: tuple[str, ...] = ()  # instead of pairs: every direction between these languages (an imported
-    # M2M-100 or NLLB model)
-    language_tag: str = "<2{}>"  # a language's token, its code in place of {}: <2fr>; M2M-100 __fr__; NLLB {}
+    pairs: tuple[str, ...] = ()  # many directions in one model: 'SRC-TGT' each, from {dir}/{prefix}.{SRC} and
+    # .{TGT} (or {dir}/SRC-TGT/); each source starts with its target's token (tformer.languages). Empty: one pair
+    languages: tuple[str, ...] = ()  # instead of pairs: every direction between these languages (M2M-100)
+    language_tag: str = "<2{}>"  # a language's token, its code in place of {}: <2fr>; M2M-100 __fr__
     tag_sides: Literal["source", "both"] = "source"  # source: the target's token starts the source (Johnson et al.);
-    # both: the source's token starts the source and the target's starts the output (M2M-100, NLLB, mBART-50)
-    temperature: float = 1.0  # pairs: direction d is drawn with probability ~ n_d ** (1 / temperature) (1: as
-    # its size; higher: flatter); smaller directions are repeated to reach it (nothing is dropped), and the
-    # shared SentencePiece model learns from each language's text in the same proportions
+    # both: the source's token starts it and the target's starts the output (M2M-100; tformer.languages)
+    temperature: float = 1.0  # pairs: direction d drawn ~ n_d ** (1 / temperature), small ones repeated; the
+    # shared SentencePiece model learns each language's text in the same proportions
     tsv: str = ""  # format tsv: the path of the tab-separated file
     tsv_columns: tuple[int, int] = (0, 1)  # 0-based columns of source and target
     subword: Literal["bpe", "unigram"] = "bpe"  # the SentencePiece model type
@@ -258,18 +254,9 @@ class DataConfig:
         _check(0 <= self.gap_frames < self.min_frames, "data.gap_frames",
                f"must be in [0, min_frames={self.min_frames}) so a gap cannot pass for a space, got {self.gap_frames}")
         _check(self.noise >= 0, "data.noise", f"must be >= 0, got {self.noise}")
-        _check(self.temperature > 0, "data.temperature", f"must be > 0, got {self.temperature}")
-        _check(self.language_tag.count("{}") == 1, "data.language_tag",
-               f"must hold {{}} once, where the language code goes (<2{{}}>), got {self.language_tag!r}")
-        _check(not (self.pairs and self.languages), "data.languages", "give data.pairs or data.languages, not both")
-        if self.pairs:
-            from tformer.languages import parse_pairs
+        from tformer.languages import check_languages
 
-            parse_pairs(self.pairs)
-            _check(self.task == "translation" and self.format == "files", "data.pairs",
-                   "lists the directions of a translation corpus in files (data.task=translation, data.format=files)")
-            _check(self.joint_vocab, "data.pairs", "a multilingual model shares one vocabulary across its languages: "
-                   "set data.joint_vocab=true")
+        check_languages(self)
         _check(self.task != "synthetic_speech" or self.symbols <= 26, "data.symbols",
                f"synthetic_speech transcribes letters: at most 26 symbols, got {self.symbols}")
 
@@ -305,8 +292,7 @@ class TrainConfig:
     target_exact_match: float = 0.0  # stop once validation exact match reaches this (0 = never)
     patience: int = 0  # stop after this many evaluations without a better best checkpoint (0 = never)
     valid_beam: int = 1  # beam size of the validation BLEU decode (1 = greedy, the fastest)
-    best_direction: str = ""  # data.pairs: the direction whose validation BLEU chooses the best checkpoint
-    # ('en-fr'); empty: the mean over the directions
+    best_direction: str = ""  # data.pairs: the direction whose BLEU picks the best checkpoint ('': the mean)
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when PyTorch sees a GPU, else cpu
 
@@ -375,9 +361,8 @@ class DecodeConfig:
     batch_size: int = option(250, "sentences per decoding batch", low=1)
     batch_tokens: int = option(0, "> 0: batches of at most this many padded source tokens (sentences x longest) "
                                "instead; 0: count sentences", low=0)
-    prefix_score: Literal["log_prob", "zero"] = option("log_prob", "what a forced prefix's tokens add to a "
-                                                       "hypothesis' score")  # log_prob: their log-probability
-    # (fairseq); zero: nothing (Hugging Face's forced tokens: an imported M2M-100's target-language token)
+    prefix_score: Literal["log_prob", "zero"] = option("log_prob", "what a forced prefix's tokens add to a score: "
+                                                       "log_prob (fairseq), zero (Hugging Face's forced tokens)")
     beam_finish: Literal["top_k", "all"] = option("top_k", "beam: which endings are kept", per_call=True)  # top_k:
     # </s> among a step's top K of 2K candidates (fairseq, CTranslate2, Marian); all: every finished candidate that
     # could still win, with an exact stop (t5x): outputs the model scores higher, but on Multi30k shorter and up to

@@ -46,6 +46,22 @@ def parse_pairs(pairs: Iterable[str], key: str = "data.pairs") -> tuple[tuple[st
     return tuple(out)
 
 
+def check_languages(data: "DataConfig") -> None:
+    """DataConfig's multilingual settings, checked (a ConfigError names the key)."""
+    from tformer.config_checks import check
+
+    check(data.temperature > 0, "data.temperature", f"must be > 0, got {data.temperature}")
+    check(data.language_tag.count("{}") == 1, "data.language_tag",
+          f"must hold {{}} once, where the language code goes (<2{{}}>), got {data.language_tag!r}")
+    check(not (data.pairs and data.languages), "data.languages", "give data.pairs or data.languages, not both")
+    if data.pairs:
+        parse_pairs(data.pairs)
+        check(data.task == "translation" and data.format == "files", "data.pairs",
+              "lists the directions of a translation corpus in files (data.task=translation, data.format=files)")
+        check(data.joint_vocab, "data.pairs", "a multilingual model shares one vocabulary across its languages: "
+              "set data.joint_vocab=true")
+
+
 def direction(pair: tuple[str, str]) -> str:
     return f"{pair[0]}-{pair[1]}"
 
