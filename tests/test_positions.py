@@ -26,7 +26,10 @@ def sinusoid_by_hand(p: int, d_model: int, layout: str) -> list[float]:
     """One row of the table, written out in float64. interleaved: Vaswani et al. 2017, PE[p, 2i] = sin(p w_i),
     PE[p, 2i+1] = cos(p w_i), w_i = 10000^(-2i/D); halves: Hugging Face's MarianSinusoidalPositionalEmbedding,
     the first ceil(D/2) columns sin(p w_j), the rest cos(p w_j), same w; marian: tensor2tensor's timing signal
-    (Marian's C++), sines then cosines of w_i = 10000^(-i / max(D/2 - 1, 1))."""
+    (Marian's C++), sines then cosines of w_i = 10000^(-i / max(D/2 - 1, 1)); fairseq: marian's row p + 2
+    (fairseq's SinusoidalPositionalEmbedding numbers positions from padding_idx + 1 = 2)."""
+    if layout == "fairseq":
+        return sinusoid_by_hand(p + 2, d_model, "marian")
     if layout == "interleaved":
         return [(math.sin if c % 2 == 0 else math.cos)(p / 10000.0 ** (2 * (c // 2) / d_model))
                 for c in range(d_model)]
@@ -70,11 +73,12 @@ def test_sinusoidal_table_is_float32_whatever_the_default_dtype(default):
 
 
 def test_unknown_sinusoid_layout_names_the_choices():
-    with pytest.raises(ValueError, match=r"^unknown sinusoid layout 'odd'; choose one of interleaved, halves, marian$"):
+    with pytest.raises(ValueError, match=r"^unknown sinusoid layout 'odd'; choose one of interleaved, halves, "
+                                         r"marian, fairseq$"):
         sinusoidal_table(4, 8, "odd")
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "halves", "marian"])
+@pytest.mark.parametrize("layout", ["interleaved", "halves", "marian", "fairseq"])
 def test_sinusoidal_positions_grow_past_their_table_by_the_formula(layout):
     """A table of 4 rows asked for rows 3 .. 5, then 3 .. 12, then 20 .. 99 (past twice its size), then packed
     positions past it: every row is the formula's for its layout."""
