@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import tformer
+from conftest import REL
 from test_search import run_beam, run_greedy, run_sample
 from tformer.api import format_translation
 from tformer.config import DecodeConfig, ModelConfig
