@@ -30,8 +30,8 @@ from torch import Tensor
 
 from tformer.checkpoint import FORMAT, FORMAT_VERSION
 from tformer.config import Config, ConfigError, DataConfig, ModelConfig, from_dict, merge_overrides, to_dict
-from tformer.convert.hf_marian import (NO_PROBABILITY, ImportedCheckpoint, _attention, _decode_defaults, _json, _layers,
-                                       check_pieces, read_weights)
+from tformer.convert.hf_marian import (NO_PROBABILITY, ImportedCheckpoint, _decode_defaults, _json, check_pieces,
+                                       layer_tensors, read_weights)
 from tformer.data.tokenizer import PieceTableTokenizer
 from tformer.data.vocab import Vocab
 from tformer.errors import CheckpointError, DataError
@@ -126,13 +126,7 @@ def to_tformer(hf: dict[str, Tensor], cfg: ModelConfig, rows: list[int], where: 
         used.add(f"model.{side}.embed_positions.weights")  # fairseq's sinusoids, computed (model.sinusoid)
         for p in ("weight", "bias"):
             out[f"{side}.norm.{p}"] = take(f"model.{side}.layer_norm.{p}")
-        for i in range(getattr(cfg, f"{side}_layers")):
-            for ours, theirs in _layers(side, i):
-                for p in ("weight", "bias"):
-                    out[f"{ours}.{p}"] = take(f"{theirs}.{p}")
-            for ours, theirs in _attention(side, i):
-                for p in ("weight", "bias"):
-                    out[f"{ours}.{p}"] = torch.cat([take(f"{theirs}.{x}_proj.{p}") for x in "qkv"])
+        out.update(layer_tensors(cfg, side, take))
     extra = sorted(set(hf) - used)
     if extra:
         raise CheckpointError(f"{where}: unexpected tensors {extra[:5]}: not an M2M-100 network tformer knows")

@@ -217,6 +217,20 @@ def _attention(side: str, i: int) -> list[tuple[str, str]]:
     return out
 
 
+def layer_tensors(cfg: ModelConfig, side: str, take) -> dict[str, Tensor]:
+    """One side's layers under tformer's names, each tensor read by `take(Hugging Face name)`: the layout
+    BART-family models share (MarianMT, M2M-100); q, k, v fused."""
+    out = {}
+    for i in range(getattr(cfg, f"{side}_layers")):
+        for ours, theirs in _layers(side, i):
+            for p in ("weight", "bias"):
+                out[f"{ours}.{p}"] = take(f"{theirs}.{p}")
+        for ours, theirs in _attention(side, i):
+            for p in ("weight", "bias"):
+                out[f"{ours}.{p}"] = torch.cat([take(f"{theirs}.{x}_proj.{p}") for x in "qkv"])
+    return out
+
+
 def tables(cfg: ModelConfig, hf: dict[str, Tensor]) -> ModelConfig:
     """Which embedding tables are one. With tie_word_embeddings true, Hugging Face ties the output layer to the
     target table and (share_encoder_decoder_embeddings) both sides to one; false, transformers 5 unties all
@@ -294,13 +308,7 @@ def to_tformer(hf: dict[str, Tensor], cfg: ModelConfig, src_rows: list[int], tgt
         used.add(name)
         if cfg.positions == "learned":  # a table of its own (position_tables)
             out[f"{'src' if side == 'encoder' else 'tgt'}_embed.positions.table.weight"] = take(name)
-        for i in range(getattr(cfg, f"{side}_layers")):
-            for ours, theirs in _layers(side, i):
-                for p in ("weight", "bias"):
-                    out[f"{ours}.{p}"] = take(f"{theirs}.{p}")
-            for ours, theirs in _attention(side, i):
-                for p in ("weight", "bias"):
-                    out[f"{ours}.{p}"] = torch.cat([take(f"{theirs}.{x}_proj.{p}") for x in "qkv"])
+        out.update(layer_tensors(cfg, side, take))
     extra = sorted(set(hf) - used)
     if extra:
         raise CheckpointError(f"{where}: unexpected tensors {extra[:5]}: not a MarianMT network tformer knows "

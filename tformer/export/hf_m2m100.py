@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from tformer.errors import ConfigError
-from tformer.export.hf_marian import _last_rows
+from tformer.export.hf_marian import _last_rows, copy_layers
 
 
 def to_hf_m2m100(model, original: list[int]):
@@ -43,32 +43,13 @@ def to_hf_m2m100(model, original: list[int]):
         eos_token_id=2, decoder_start_token_id=2)
     hf = M2M100ForConditionalGeneration(hf_cfg).eval()
     ours = {k: v.detach().float() for k, v in model.state_dict().items()}
-    D = cfg.d_model
     with torch.no_grad():
         m = hf.model
-
-        def copy(module: torch.nn.Module, name: str, part: slice = slice(None)) -> None:
-            module.weight.copy_(ours[f"{name}.weight"][part])
-            module.bias.copy_(ours[f"{name}.bias"][part])
-
-        def attention(hf_attn, name: str) -> None:  # our fused (3D, D) in_proj -> q, k, v
-            for j, proj in enumerate((hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj)):
-                copy(proj, f"{name}.in_proj", slice(j * D, (j + 1) * D))
-            copy(hf_attn.out_proj, f"{name}.out_proj")
-
         m.shared.weight.copy_(ours["src_embed.tokens.weight"][rows])
         for side, hf_side in (("encoder", m.encoder), ("decoder", m.decoder)):
-            copy(hf_side.layer_norm, f"{side}.norm")
-            for i, layer in enumerate(hf_side.layers):
-                p = f"{side}.layers.{i}"
-                attention(layer.self_attn, f"{p}.self_attn")
-                copy(layer.self_attn_layer_norm, f"{p}.{'res_attn' if side == 'encoder' else 'res_self'}.norm")
-                if side == "decoder":
-                    attention(layer.encoder_attn, f"{p}.cross_attn")
-                    copy(layer.encoder_attn_layer_norm, f"{p}.res_cross.norm")
-                copy(layer.fc1, f"{p}.ffn.linear1")
-                copy(layer.fc2, f"{p}.ffn.linear2")
-                copy(layer.final_layer_norm, f"{p}.res_ffn.norm")
+            hf_side.layer_norm.weight.copy_(ours[f"{side}.norm.weight"])
+            hf_side.layer_norm.bias.copy_(ours[f"{side}.norm.bias"])
+            copy_layers(hf_side, ours, side, cfg.d_model)
     return hf
 
 

@@ -64,20 +64,8 @@ def to_hf_marian(model, src_ids: list[int] | None = None, tgt_ids: list[int] | N
         tie_word_embeddings=cfg.tie_generator)
     hf = MarianMTModel(hf_cfg).eval()
     ours = {k: v.detach().float() for k, v in model.state_dict().items()}
-    D = cfg.d_model
     with torch.no_grad():
         m = hf.model
-
-        def copy(module: torch.nn.Module, name: str, rows: slice = slice(None)) -> None:
-            """module.weight/bias <- ours[name.weight/bias] (rows of a fused projection)."""
-            module.weight.copy_(ours[f"{name}.weight"][rows])
-            module.bias.copy_(ours[f"{name}.bias"][rows])
-
-        def attention(hf_attn, name: str) -> None:  # our fused (3D, D) in_proj -> q, k, v
-            for j, proj in enumerate((hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj)):
-                copy(proj, f"{name}.in_proj", slice(j * D, (j + 1) * D))
-            copy(hf_attn.out_proj, f"{name}.out_proj")
-
         m.encoder.embed_tokens.weight.copy_(ours["src_embed.tokens.weight"][src_rows])
         m.decoder.embed_tokens.weight.copy_(ours["tgt_embed.tokens.weight"][tgt_rows])
         if shared and m.shared.weight.data_ptr() != m.encoder.embed_tokens.weight.data_ptr():
@@ -85,20 +73,35 @@ def to_hf_marian(model, src_ids: list[int] | None = None, tgt_ids: list[int] | N
         for side, hf_side in (("encoder", m.encoder), ("decoder", m.decoder)):
             hf_side.embed_positions.weight.copy_(torch.from_numpy(position_table(cfg, model, side))[
                 : hf_side.embed_positions.weight.shape[0]])
-            for i, layer in enumerate(hf_side.layers):
-                p = f"{side}.layers.{i}"
-                attention(layer.self_attn, f"{p}.self_attn")
-                copy(layer.self_attn_layer_norm, f"{p}.{'res_attn' if side == 'encoder' else 'res_self'}.norm")
-                if side == "decoder":
-                    attention(layer.encoder_attn, f"{p}.cross_attn")
-                    copy(layer.encoder_attn_layer_norm, f"{p}.res_cross.norm")
-                copy(layer.fc1, f"{p}.ffn.linear1")
-                copy(layer.fc2, f"{p}.ffn.linear2")
-                copy(layer.final_layer_norm, f"{p}.res_ffn.norm")
+            copy_layers(hf_side, ours, side, cfg.d_model)
         if hf.lm_head.weight.data_ptr() != m.decoder.embed_tokens.weight.data_ptr():
             hf.lm_head.weight.copy_(ours["generator.weight"][tgt_rows])
         hf.final_logits_bias.copy_(ours["generator.bias"][tgt_rows][None])
     return hf
+
+
+def copy_layers(hf_side, ours: dict[str, torch.Tensor], side: str, D: int) -> None:
+    """One side's layers into a BART-family Hugging Face stack (MarianMT, M2M-100) from tformer's tensors `ours`:
+    the fused (3D, D) in_proj split into q, k, v."""
+    def copy(module: torch.nn.Module, name: str, rows: slice = slice(None)) -> None:
+        module.weight.copy_(ours[f"{name}.weight"][rows])
+        module.bias.copy_(ours[f"{name}.bias"][rows])
+
+    def attention(hf_attn, name: str) -> None:
+        for j, proj in enumerate((hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj)):
+            copy(proj, f"{name}.in_proj", slice(j * D, (j + 1) * D))
+        copy(hf_attn.out_proj, f"{name}.out_proj")
+
+    for i, layer in enumerate(hf_side.layers):
+        p = f"{side}.layers.{i}"
+        attention(layer.self_attn, f"{p}.self_attn")
+        copy(layer.self_attn_layer_norm, f"{p}.{'res_attn' if side == 'encoder' else 'res_self'}.norm")
+        if side == "decoder":
+            attention(layer.encoder_attn, f"{p}.cross_attn")
+            copy(layer.encoder_attn_layer_norm, f"{p}.res_cross.norm")
+        copy(layer.fc1, f"{p}.ffn.linear1")
+        copy(layer.fc2, f"{p}.ffn.linear2")
+        copy(layer.final_layer_norm, f"{p}.res_ffn.norm")
 
 
 def _vocab_json(tokenizer, ids: list[int]) -> dict[str, int]:
