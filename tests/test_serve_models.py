@@ -56,7 +56,8 @@ def test_routes_pairs_and_languages(translators):
     models = Models(translators, Settings())
     assert models.route("en", "de").legs[0].model.name == "en-de"
     assert models.route("de", "en").legs[0].model.name == "de-en"
-    assert [(leg.model.name, leg.options) for leg in models.route("en", "cs").legs] == [("multi", {"target": "cs"})]
+    assert [(leg.model.name, leg.options) for leg in models.route("en", "cs").legs] == [
+        ("multi", {"source": "en", "target": "cs"})]
     assert models.codes() == ("en", "de", "fr", "cs")
     with pytest.raises(Exception, match="target: no model here translates de -> fr .--pivot LANG"):
         models.route("de", "fr")
