@@ -99,8 +99,8 @@ def main() -> None:
             table.append(row(f"many-to-many ({args.m2m.name})", f"{source}-{target}",
                              pivot(m2m, source, target, "en", args.beam), "zero-shot, through en (two passes)"))
     notes = (f"Multi30k test2016 (1,000 captions per direction), beam {args.beam}, length penalty as the recipe; "
-             f"lc tok BLEU: Moses-tokenized, lowercased (the Multi30k papers' figure). Training wall times (one "
-             f"thread each, two runs at a time on the two cores): "
+             f"lc tok BLEU: Moses-tokenized, lowercased (the Multi30k papers' figure). Training wall times, as "
+             f"the runs' logs record them (evaluations included): "
              f"{', '.join(f'{k} {v / 60:.1f} min' for k, v in walls.items())}. {machine()}; this script "
              f"{time.perf_counter() - tic:.0f} s.")
     report("Many languages in one model, Multi30k test2016 (issue 65)", table, notes, args.record)
