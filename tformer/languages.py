@@ -11,6 +11,10 @@ shared SentencePiece model, so the tag of a text is one piece whatever the token
     .choose(target, source)          the tokens a request asks for, or a DataError naming the languages known
     language_tags(data, vocab, target, source) -> Tags   their ids: before the source, first in the output
     parse_pairs(['en-de', ...])      the pairs as (source, target) tuples, checked
+    Directions, sampled(...)         which direction each example is; an epoch's examples under a temperature
+
+M2M-100 (tformer.convert.hf_m2m100) puts tokens on both sides (data.tag_sides both): the source's before the
+source, the target's first in the output (a forced prefix).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
+from tformer.config_checks import check
 from tformer.errors import CheckpointError, ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -48,8 +53,6 @@ def parse_pairs(pairs: Iterable[str], key: str = "data.pairs") -> tuple[tuple[st
 
 def check_languages(data: "DataConfig") -> None:
     """DataConfig's multilingual settings, checked (a ConfigError names the key)."""
-    from tformer.config_checks import check
-
     check(data.temperature > 0, "data.temperature", f"must be > 0, got {data.temperature}")
     check(data.language_tag.count("{}") == 1, "data.language_tag",
           f"must hold {{}} once, where the language code goes (<2{{}}>), got {data.language_tag!r}")
