@@ -202,6 +202,18 @@ def test_a_server_routes_any_pair_of_its_languages(folder):
         assert len(out) == 100 and {x["code"]: len(x["targets"]) for x in out}["fr"] == 99
 
 
+def test_the_explorer_page_asks_for_the_folders_own_languages(folder):
+    from tformer.explore import Explorer, Limits
+    from tformer.serve import Settings
+
+    t = tformer.load(folder, device="cpu")
+    explorer = Explorer(t, Limits.of(Settings()))
+    assert explorer.info()["languages"] == ["en", "fr"]  # tokenizer_config.json's src_lang and tgt_lang
+    plan = explorer.check({"text": "A dog runs."}).plan
+    tags = t.language_tags("fr", "en")
+    assert plan.sources[0][0] == tags.source and plan.prefixes[0] == (tags.target,)
+
+
 def test_a_folder_that_does_not_fit_is_refused_by_name(folder, tmp_path):
     import shutil
 

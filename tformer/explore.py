@@ -96,9 +96,7 @@ class Explorer:
         self.limits = limits
         self.name = str(translator.path)
         self.examples = self._examples()
-        languages = translator.languages
-        self.language = {"target": languages.targets[0]} if languages is not None else {}  # a multilingual
-        # model's page writes its first target language
+        self.language = page_languages(translator)
         overridden = any(o.startswith("decode.") for o in overrides)
         self.defaults, self.decoding = defaults(translator.config.decode, limits, overridden)
 
@@ -118,7 +116,7 @@ class Explorer:
                   {"encoder": m.encoder_layers, "decoder": m.decoder_layers, "cross": m.decoder_layers})
         return {"checkpoint": self.name, "step": self.translator.checkpoint.trainer.get("step"),
                 "task": cfg.data.task, "languages": ([cfg.data.src_lang, cfg.data.tgt_lang] if not self.language else
-                                                     [self.translator.languages.sources[0], self.language["target"]]),
+                                                     [self.language["source"], self.language["target"]]),
                 "model": {"kind": m.kind, "layers": layers, "heads": m.n_heads, "d_model": m.d_model,
                           "layer_name": "step" if universal else "layer", "attention": m.attention,
                           "positions": m.positions, "norm": m.norm},
@@ -228,3 +226,14 @@ def _rounded(w: np.ndarray) -> list:
     if not np.isnan(values).any():
         return values.tolist()
     return np.where(np.isnan(values), None, values).tolist()
+
+
+def page_languages(translator) -> dict[str, str]:
+    """The languages the page asks a multilingual model for: its config's src_lang and tgt_lang where it knows them,
+    else its first source and a target other than it ({}: a one-pair model)."""
+    languages, data = translator.languages, translator.config.data
+    if languages is None:
+        return {}
+    source = data.src_lang if data.src_lang in languages.sources else languages.sources[0]
+    target = next(t for t in (data.tgt_lang, *languages.targets) if t in languages.targets and t != source)
+    return {"source": source, "target": target}
