@@ -183,7 +183,7 @@ def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folder, tmp_
     for lang in ("en", "de"):
         tok.src_lang = back_tok.src_lang = lang
         assert back_tok(SOURCES[lang])["input_ids"] == tok(SOURCES[lang])["input_ids"]
-    with pytest.raises(Exception, match="not imported from an M2M-100 folder"):
+    with pytest.raises(Exception, match="not imported from an M2M-100, NLLB-200 or mBART-50 folder"):
         from test_serve import CHECKPOINT
 
         export("hf-m2m100", CHECKPOINT, tmp_path / "other")

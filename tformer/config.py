@@ -74,6 +74,8 @@ class ModelConfig:
     # paper's, Hugging Face MarianMT's, Marian's C++ or fairseq's (tformer.positions.sinusoidal_table)
     scale_embedding: bool = True  # token embeddings x sqrt(d_model) before positions are added (the paper)
     max_positions: int = 1024  # rows of a learned table (learned, tupe); later positions reuse the last row
+    position_offset: int = 0  # learned: unused rows before position 0's (fairseq's, mBART's: 2), kept for export
+    embed_norm: bool = False  # a LayerNorm on the embeddings plus positions, before dropout (mBART, BART)
     untie_first: bool = False  # tupe: learned bias values for the first token's row and column ([CLS] reset)
     relative_buckets: int = 32  # tupe-r, relative: buckets of relative distance (bidirectional: half per direction)
     relative_max_distance: int = 128  # tupe-r, relative: distances from here on share the last bucket
@@ -102,21 +104,19 @@ class ModelConfig:
     act_bias_init: float = 1.0  # universal: initial bias of the halting units (higher: halt sooner)
     share_embeddings: bool = False  # one table for source and target (needs a joint vocabulary)
     tie_generator: bool = True  # output projection shares the target embedding
+    output_bias: bool = True  # the output layer's bias is trained; false: held as it is (M2M-100 has none)
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions",
-                     "feature_dim", "frame_stack", "frame_skip", "conv_channels"):
+                     "feature_dim", "frame_stack", "frame_skip", "conv_channels", "max_steps"):
             _check(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
-        _check(
-            self.d_model % self.n_heads == 0,
-            "model.d_model",
-            f"{self.d_model} is not divisible by model.n_heads={self.n_heads}; "
-            "choose d_model as a multiple of n_heads",
-        )
+        _check(self.d_model % self.n_heads == 0, "model.d_model", f"{self.d_model} is not divisible by "
+               f"model.n_heads={self.n_heads}; choose d_model as a multiple of n_heads")
+        _check(self.position_offset >= 0, "model.position_offset", f"must be >= 0, got {self.position_offset}")
+        _check(not (self.embed_norm and self.kind == "universal"), "model.embed_norm", "the universal stack adds "
+               "positions at every step, so it has no embedding norm; set kind vanilla or embed_norm false")
         for name in ("dropout", "attention_dropout", "ffn_dropout"):
-            p = getattr(self, name)
-            _check(0.0 <= p < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
-        _check(self.max_steps >= 1, "model.max_steps", f"must be >= 1, got {self.max_steps}")
+            _check(0.0 <= (p := getattr(self, name)) < 1.0, f"model.{name}", f"must be in [0, 1), got {p}")
         _check(0.0 < self.act_epsilon < 1.0, "model.act_epsilon", f"must be in (0, 1), got {self.act_epsilon}")
         _check(self.kv_heads >= 0 and (self.kv_heads == 0 or self.n_heads % self.kv_heads == 0), "model.kv_heads",
                f"must divide model.n_heads={self.n_heads} (or be 0: as many as n_heads), got {self.kv_heads}")

@@ -100,10 +100,10 @@ class SinusoidalPositions(nn.Module):
 class LearnedPositions(nn.Module):
     """A trained table; positions past it reuse its last row (warned once)."""
 
-    def __init__(self, d_model: int, max_positions: int) -> None:
+    def __init__(self, d_model: int, max_positions: int, skip: int = 0) -> None:
         super().__init__()
-        self.max_positions = max_positions
-        self.table = nn.Embedding(max_positions, d_model)
+        self.max_positions, self.skip = max_positions, skip
+        self.table = nn.Embedding(skip + max_positions, d_model)  # `skip` rows before position 0's, never read
         self.warned = False
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
@@ -111,7 +111,7 @@ class LearnedPositions(nn.Module):
 
     def at(self, positions: Tensor) -> Tensor:
         """positions (N,) -> (N, D)."""
-        return self.table(clamp_positions(positions, self.max_positions, self))
+        return self.table(clamp_positions(positions, self.max_positions, self) + self.skip)
 
 
 def clamp_positions(positions: Tensor, size: int, owner: nn.Module) -> Tensor:
@@ -341,14 +341,14 @@ BIASES = (*TUPE, "relative", "alibi")  # positions added to the self-attention s
 SCHEMES = (*ADDED, *BIASES, "rotary", "none")
 
 
-def build_positions(kind: str, d_model: int, max_positions: int,
-                    sinusoid: str = "interleaved") -> nn.Module | None:
+def build_positions(kind: str, d_model: int, max_positions: int, sinusoid: str = "interleaved",
+                    skip: int = 0) -> nn.Module | None:
     """The module that adds positions to embeddings; None when positions enter as an attention bias, or not at
-    all."""
+    all. `skip`: a learned table's unused first rows (model.position_offset)."""
     if kind == "sinusoidal":
         return SinusoidalPositions(d_model, layout=sinusoid)
     if kind == "learned":
-        return LearnedPositions(d_model, max_positions)
+        return LearnedPositions(d_model, max_positions, skip)
     if kind in (*BIASES, "rotary", "none"):
         return None
     raise ValueError(f"unknown positions '{kind}'; choose one of {', '.join(SCHEMES)}")

@@ -21,7 +21,10 @@ def add_parser(sub) -> None:
                         "*.vocab.yml, source.spm, target.spm), with Marian's own position table. hf-m2m100: an "
                         "M2M100ForConditionalGeneration folder (config.json, the weights, sentencepiece.bpe.model, "
                         "vocab.json, tokenizer_config.json), which translates between its 100 languages "
-                        "(--source en --target fr). Example: tformer import hf-marian opus-mt-en-de runs/opus-en-de")
+                        "(--source en --target fr); hf-nllb: an NLLB-200 folder (the same network; "
+                        "tokenizer.json, --source eng_Latn --target fra_Latn); hf-mbart: an mBART-50 folder "
+                        "(--source en_XX --target fr_XX). Example: tformer import hf-marian opus-mt-en-de "
+                        "runs/opus-en-de")
     sp.add_argument("format", choices=FORMATS, help="the folder's kind")
     sp.add_argument("src", metavar="SRC", help="the folder to read")
     sp.add_argument("out", metavar="OUT", help="the run folder to write (must not exist)")

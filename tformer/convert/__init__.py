@@ -1,6 +1,6 @@
 """Models trained elsewhere, read as tformer checkpoints: a Hugging Face MarianMT folder
-(tformer.convert.hf_marian), a Hugging Face M2M-100 folder (tformer.convert.hf_m2m100: 100 languages in one
-model) or a Marian model folder, OPUS-MT's native release (tformer.convert.marian).
+(tformer.convert.hf_marian), a Hugging Face M2M-100, NLLB-200 or mBART-50 folder (tformer.convert.hf_m2m100:
+many languages in one model) or a Marian model folder, OPUS-MT's native release (tformer.convert.marian).
 tformer.export.export_hf_marian writes the first kind back.
 
     tformer.load("opus-mt-en-de")                     a local folder of any kind, converted in memory
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tformer.errors import CheckpointError
 
-FORMATS = ("hf-marian", "hf-m2m100", "marian")
-HF_KINDS = {"marian": "hf-marian", "m2m_100": "hf-m2m100"}  # config.json's model_type -> the format
+FORMATS = ("hf-marian", "hf-m2m100", "hf-nllb", "hf-mbart", "marian")
+HF_KINDS = {"marian": "hf-marian", "m2m_100": "hf-m2m100", "mbart": "hf-mbart"}  # config.json's model_type ->
 
 
 def hub_name(src: Path) -> bool:
@@ -64,7 +64,8 @@ def read(fmt: str, src: str | Path, overrides: list[str] = ()):
                 if hub_name(src) else "")
         raise CheckpointError(f"{src} does not exist: pass a tformer run or checkpoint folder, or a local model "
                               f"folder{hint}")
-    reader = {"hf-marian": read_hf_marian, "hf-m2m100": read_hf_m2m100, "marian": read_marian}[fmt]
+    reader = {"hf-marian": read_hf_marian, "hf-m2m100": read_hf_m2m100, "hf-nllb": read_hf_m2m100,
+              "hf-mbart": read_hf_m2m100, "marian": read_marian}[fmt]
     return reader(src, list(overrides))
 
 

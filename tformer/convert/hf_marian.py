@@ -70,7 +70,8 @@ def model_config(hf: dict[str, Any], file: Path) -> ModelConfig:
     kind = hf.get("model_type")
     if kind != "marian":
         raise CheckpointError(f"{file}: model_type {kind!r} is not supported; tformer imports Hugging Face 'marian' "
-                              "models (MarianMTModel, the OPUS-MT family) and 'm2m_100' ones (M2M-100)")
+                              "models (MarianMTModel, the OPUS-MT family), 'm2m_100' ones (M2M-100, NLLB-200) and "
+                              "'mbart' ones (mBART-50)")
 
     def get(key: str, default: Any = None) -> Any:
         if key not in hf and default is None:

@@ -8,7 +8,7 @@
     tformer.export.hf_m2m100     a Hugging Face M2M-100 folder, for a model imported from one
     tformer.export.onnx          ONNX graphs of the encoder and of one decoding step (onnx_greedy decodes them)
 
-    tformer export --format ctranslate2|argos|hf-marian|hf-m2m100|onnx RUN_DIR OUT     (`export`, below)
+    tformer export --format ctranslate2|argos|hf-marian|hf-m2m100|hf-mbart|onnx RUN_DIR OUT     (`export`, below)
 
 Every format reads a tformer run or checkpoint folder through the public API (tformer.load), and all of them
 are the same vanilla Transformer written in another toolkit's terms: `check_exportable` refuses, with the
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # for readers and type checkers; at run time __getattr__ impo
     from tformer.export.hf_marian import export_hf_marian, to_hf_marian
     from tformer.export.onnx import OnnxEncoder, OnnxStep, export_onnx, onnx_greedy
 
-FORMATS = ("ctranslate2", "argos", "hf-marian", "hf-m2m100", "onnx")
+FORMATS = ("ctranslate2", "argos", "hf-marian", "hf-m2m100", "hf-mbart", "onnx")
 QUANTIZED = ("ctranslate2", "argos")  # the formats whose weights may be stored quantized
 _PUBLIC = {"export_ctranslate2": "ctranslate2", "translate_ctranslate2": "ctranslate2", "export_argos": "argos",
            "export_hf_marian": "hf_marian", "to_hf_marian": "hf_marian", "export_hf_m2m100": "hf_m2m100",
@@ -65,8 +65,8 @@ def export(fmt: str, checkpoint: str | Path, out: str | Path, *, quantization: s
         return argos.export_argos(checkpoint, out, quantization=quantization or "int8", force=force, which=which)
     if fmt == "hf-marian":
         return hf_marian.export_hf_marian(checkpoint, out, force=force, which=which)
-    if fmt == "hf-m2m100":
-        return hf_m2m100.export_hf_m2m100(checkpoint, out, force=force, which=which)
+    if fmt in ("hf-m2m100", "hf-mbart"):
+        return hf_m2m100.export_hf_m2m100(checkpoint, out, force=force, which=which, fmt=fmt)
     return onnx.export_onnx(checkpoint, out, which=which)[0].parent
 
 
@@ -87,7 +87,7 @@ def position_table(cfg: ModelConfig, model, side: str) -> np.ndarray:
     embed = model.src_embed if side == "encoder" else model.tgt_embed
     if cfg.side_positions(side) == "sinusoidal":
         return sinusoidal_table(cfg.max_positions, cfg.d_model, cfg.sinusoid).numpy()
-    return embed.positions.table.weight.detach().float().numpy()  # learned
+    return embed.positions.table.weight[embed.positions.skip:].detach().float().numpy()  # learned
 
 
 def __getattr__(name: str) -> Any:

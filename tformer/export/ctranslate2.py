@@ -54,7 +54,7 @@ def _converter_class():
                           "silu": common_spec.Activation.SWISH}[cfg.activation]
             spec = transformer_spec.TransformerSpec.from_config(
                 (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.norm == "pre",
-                activation=activation)
+                activation=activation, layernorm_embedding=cfg.embed_norm)
             spec.config.add_source_eos = True
             spec.config.decoder_start_token = "<s>"
             spec.config.layer_norm_epsilon = cfg.layer_norm_eps
@@ -77,6 +77,10 @@ def _fill(spec, state: dict[str, np.ndarray], side: str, cfg: ModelConfig, model
     spec.position_encodings.encodings = position_table(cfg, model, side)
     if cfg.norm == "pre":
         spec.layer_norm.gamma, spec.layer_norm.beta = state[f"{side}.norm.weight"], state[f"{side}.norm.bias"]
+    if cfg.embed_norm:
+        embed = ("src" if side == "encoder" else "tgt") + "_embed.norm"
+        spec.layernorm_embedding.gamma, spec.layernorm_embedding.beta = (state[f"{embed}.weight"],
+                                                                         state[f"{embed}.bias"])
 
     def linear(target, name: str, rows: slice = slice(None)) -> None:
         target.weight = state[f"{name}.weight"][rows]

@@ -44,8 +44,9 @@ def to_hf_marian(model, src_ids: list[int] | None = None, tgt_ids: list[int] | N
         raise ConfigError("the Hugging Face export needs transformers: pip install transformers") from None
     cfg = model.cfg
     check_exportable(cfg)
-    if cfg.norm != "post":
-        raise ConfigError("MarianMT is post-norm only; this model is model.norm=pre")
+    if cfg.norm != "post" or cfg.embed_norm:
+        raise ConfigError("MarianMT is post-norm only, without an embedding norm; this model is "
+                          + ("model.norm=pre" if cfg.norm != "post" else "model.embed_norm=true"))
     V_src, V_tgt = model.src_embed.tokens.num_embeddings, model.tgt_embed.tokens.num_embeddings
     src_ids, tgt_ids = src_ids or list(range(V_src)), tgt_ids or list(range(V_tgt))
     if src_ids[0] != tgt_ids[0]:

@@ -48,15 +48,16 @@ def position_vectors(module: nn.Module | None, positions: Tensor | Span) -> Tens
 
 class Embeddings(nn.Module):
     """Token embedding scaled by sqrt(D) (unless `scale` is False) plus absolute positions (none with TUPE),
-    then dropout."""
+    then `norm` (mBART's layernorm_embedding; None: none), then dropout."""
 
     def __init__(self, tokens: nn.Embedding, positions: nn.Module | None, dropout: float,
-                 add_positions: bool = True, scale: bool = True) -> None:
+                 add_positions: bool = True, scale: bool = True, norm: nn.Module | None = None) -> None:
         super().__init__()
         self.tokens, self.positions = tokens, positions
         self.scale = math.sqrt(tokens.embedding_dim) if scale else 1.0
         self.dropout = Dropout(dropout)
         self.add_positions = add_positions
+        self.norm = norm if norm is not None else nn.Identity()
 
     def forward(self, ids: Tensor, positions: Tensor | Span | None = None) -> Embedded:
         """ids (...) and their positions in their sentences (see `position_vectors`; None: 0 .. L-1 along the
@@ -65,8 +66,8 @@ class Embeddings(nn.Module):
         positions = Span(0, ids.shape[-1]) if positions is None else positions
         pos = position_vectors(self.positions, positions)
         if pos is not None and self.add_positions:
-            return Embedded(self.dropout(x + pos), None)
-        return Embedded(self.dropout(x), pos)
+            return Embedded(self.dropout(self.norm(x + pos)), None)
+        return Embedded(self.dropout(self.norm(x)), pos)
 
 
 def stack_frames(frames: Tensor, counts: Tensor, stack: int, skip: int) -> tuple[Tensor, Tensor]:
@@ -170,5 +171,5 @@ class FrameEmbeddings(nn.Module):
         """Projected frames from `frames` (..., D) at their positions -> (..., D)."""
         pos = position_vectors(self.positions, positions)
         if pos is not None and self.add_positions:
-            return Embedded(self.dropout(x + pos), None)
-        return Embedded(self.dropout(x), pos)
+            return Embedded(self.dropout(self.norm(x + pos)), None)
+        return Embedded(self.dropout(self.norm(x)), pos)

@@ -48,6 +48,7 @@ from tformer.model.layers import DecoderLayer, EncoderLayer
 from tformer.model.layout import Layout, Packed, Padded, Step
 from tformer.model.output import Projection, restricted_linear
 from tformer.model.stack import LayerStack, Side, final_norm
+from tformer.norms import build_norm
 from tformer.positions import RandomPositions, Rotary, build_attention_bias, build_positions
 from tformer.structures import Structure, build_structure
 
@@ -121,17 +122,20 @@ class Transformer(nn.Module):
         self.cfg = cfg
         D = cfg.d_model
         enc_kind, dec_kind = cfg.side_positions("encoder"), cfg.side_positions("decoder")
-        positions = build_positions(enc_kind, D, cfg.max_positions, cfg.sinusoid)  # no weights when sinusoidal
+        table = dict(max_positions=cfg.max_positions, sinusoid=cfg.sinusoid, skip=cfg.position_offset)
+        positions = build_positions(enc_kind, D, **table)  # no weights when sinusoidal
         shared = enc_kind == dec_kind == "sinusoidal"
-        tgt_positions = positions if shared else build_positions(dec_kind, D, cfg.max_positions, cfg.sinusoid)
+        tgt_positions = positions if shared else build_positions(dec_kind, D, **table)
         tgt_tokens = nn.Embedding(tgt_vocab, D)
         once = cfg.kind != "universal"  # the ACT stack adds positions at every step itself
         if cfg.source == "features":  # src_vocab is unused: frames are projected, not looked up
             self.src_embed: Embeddings | FrameEmbeddings = FrameEmbeddings(cfg, positions, once)
         else:
             src_tokens = tgt_tokens if cfg.share_embeddings else nn.Embedding(src_vocab, D)
-            self.src_embed = Embeddings(src_tokens, positions, cfg.dropout, once, cfg.scale_embedding)
-        self.tgt_embed = Embeddings(tgt_tokens, tgt_positions, cfg.dropout, once, cfg.scale_embedding)
+            self.src_embed = Embeddings(src_tokens, positions, cfg.dropout, once, cfg.scale_embedding,
+                                        build_norm("layernorm", D, cfg.layer_norm_eps) if cfg.embed_norm else None)
+        self.tgt_embed = Embeddings(tgt_tokens, tgt_positions, cfg.dropout, once, cfg.scale_embedding,
+                                    build_norm("layernorm", D, cfg.layer_norm_eps) if cfg.embed_norm else None)
         bias = dict(d_model=D, n_heads=cfg.n_heads, max_positions=cfg.max_positions, untie_first=cfg.untie_first,
                     buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
         self.src_bias = build_attention_bias(enc_kind, causal=False, **bias)  # TUPE, relative, ALiBi; else None
@@ -147,6 +151,7 @@ class Transformer(nn.Module):
         self.reset_parameters()
         if cfg.tie_generator:
             self.generator.weight = tgt_tokens.weight
+        self.generator.bias.requires_grad_(cfg.output_bias)
 
     def reset_parameters(self) -> None:
         """Xavier/Glorot uniform for every matrix (the paper's code); LayerNorm 1/0, biases 0; then whatever an

@@ -1,0 +1,237 @@
+"""NLLB-200 and mBART-50 folders read as tformer models (tformer.convert.hf_m2m100 with the tokenizers of
+tformer.convert.hf_languages), judged against transformers' own NllbTokenizer, MBart50Tokenizer,
+M2M100ForConditionalGeneration and MBartForConditionalGeneration on tiny random models built here from their
+configs (nothing downloaded): token ids, teacher-forced logits, greedy and beam outputs, export tensor for tensor.
+
+The NLLB folder is numbered as the published ones are (fairseq's: the 202 languages right after the dictionary,
+then <mask>; eng_Latn is dictionary + 46), which transformers 5 does not do when it builds the tokenizer from the
+SentencePiece model alone, and its embedding table has two rows more than the tokenizer names, as NLLB-200's."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+import tformer
+from hf_marian_models import pieces, sentences
+from tformer.errors import CheckpointError
+
+pytest.importorskip("transformers")
+
+TEXTS = {"en": ["A dog runs on the beach.", "Two men are playing chess in a park.", "A girl."],
+         "de": ["Ein Hund läuft am Strand.", "Zwei Männer spielen Schach."],
+         "fr": ["Un chien court sur la plage.", "Deux hommes jouent aux échecs dans un parc.", "Une fille."]}
+CODES = {"nllb": {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn"},
+         "mbart50": {"en": "en_XX", "de": "de_DE", "fr": "fr_XX"}}
+
+
+def _spm(kind: str, size: int = 300) -> bytes:
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences("en", 800) + sentences("de", 800) + sentences("fr", 800)),
+        model_writer=buf, vocab_size=size, model_type=kind, num_threads=1, minloglevel=2)
+    return buf.getvalue()
+
+
+def _tokenizer(path, family: str):
+    """transformers' tokenizer for the folder, saved into it: NLLB's numbered as fairseq numbers it."""
+    from transformers import MBart50Tokenizer, NllbTokenizer
+    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+
+    cls = NllbTokenizer if family == "nllb" else MBart50Tokenizer
+    settings = {"tokenizer_class": cls.__name__, "src_lang": CODES[family]["en"], "tgt_lang": CODES[family]["fr"]}
+    if family == "nllb":
+        settings["extra_special_tokens"] = FAIRSEQ_LANGUAGE_CODES
+    (path / "tokenizer_config.json").write_text(json.dumps(settings))
+    cls.from_pretrained(path).save_pretrained(path)
+    if family == "nllb":  # fairseq's (and the published folders') numbering: the languages, then <mask>
+        n = len(pieces((path / "sentencepiece.bpe.model").read_bytes())) + 1
+        ids = {c: n + i for i, c in enumerate(FAIRSEQ_LANGUAGE_CODES)} | {"<mask>": n + len(FAIRSEQ_LANGUAGE_CODES)}
+        spec = json.loads((path / "tokenizer.json").read_text())
+        for added in spec["added_tokens"]:
+            added["id"] = ids.get(added["content"], added["id"])
+        (path / "tokenizer.json").write_text(json.dumps(spec))
+    tok = cls.from_pretrained(path)
+    if family == "nllb":
+        assert tok.convert_tokens_to_ids("eng_Latn") == n + 46 and tok.convert_tokens_to_ids("<mask>") == n + 202
+    return tok
+
+
+def make_folder(path, family: str, *, seed: int = 0, d_model: int = 32, layers: int = 2):
+    """A tiny NLLB-200 (M2M-100 network, BPE SentencePiece) or mBART-50 (mBART network, unigram) folder with
+    random weights everywhere (layer norms and mBART's output bias too)."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, MBartConfig, MBartForConditionalGeneration
+
+    path.mkdir(parents=True)
+    (path / "sentencepiece.bpe.model").write_bytes(_spm("bpe" if family == "nllb" else "unigram"))
+    tok = _tokenizer(path, family)
+    size = len(tok) + (2 if family == "nllb" else 0)
+    config, model_class = ((M2M100Config, M2M100ForConditionalGeneration) if family == "nllb" else
+                           (MBartConfig, MBartForConditionalGeneration))
+    cfg = config(vocab_size=size, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                 encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * d_model,
+                 decoder_ffn_dim=2 * d_model, max_position_embeddings=64, dropout=0.0, init_std=0.3,
+                 scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    torch.manual_seed(seed)
+    model = model_class(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name or "layernorm" in name:
+                p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
+        if family == "mbart50":
+            model.final_logits_bias.normal_(0.0, 0.5)
+        eos = model.model.shared.weight[2]
+        lift = 5.8 if family == "nllb" else 5.5  # </s>'s logit + lift: outputs that end at varied lengths
+        model.model.decoder.layer_norm.bias += lift * eos / eos.norm() ** 2
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module", params=["nllb", "mbart50"])
+def family(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, shared_data, family):
+    return make_folder(tmp_path_factory.mktemp(family) / "tiny", family)
+
+
+def hf_pair(folder):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    return AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def original(t, ids):
+    return [t.source_tokenizer.original[i] for i in ids]
+
+
+def test_token_ids_equal_the_hugging_face_tokenizer(folder, family):
+    t = tformer.load(folder, device="cpu")
+    _, tok = hf_pair(folder)
+    codes = CODES[family]
+    for lang in ("en", "de"):
+        tok.src_lang = codes[lang]
+        for text in TEXTS[lang]:
+            tags = t.language_tags(codes["fr"], codes[lang])
+            assert original(t, [tags.source, *t.encode(text), 2]) == tok(text)["input_ids"]
+    assert original(t, [t.language_tags(codes["fr"], codes["en"]).target]) == [tok.convert_tokens_to_ids(
+        codes["fr"])]
+    assert len(t.languages.sources) == (202 if family == "nllb" else 52)
+
+
+def test_teacher_forced_logits_equal_hugging_face(folder, family):
+    t = tformer.load(folder, device="cpu")
+    hf, tok = hf_pair(folder)
+    tok.src_lang, tok.tgt_lang = CODES[family]["en"], CODES[family]["fr"]
+    batch = tok(TEXTS["en"], text_target=TEXTS["fr"], return_tensors="pt", padding=True)
+    labels = batch["labels"]  # fra_Latn y1 .. </s>, padded with 1
+    dec_in = torch.cat([torch.full((len(labels), 1), 2), labels[:, :-1]], 1)
+    dec_mask = (dec_in != 1).long()
+    with torch.no_grad():
+        ref = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, decoder_input_ids=dec_in,
+                 decoder_attention_mask=dec_mask).logits  # (B, T, V)
+        ours = {m: i for i, m in enumerate(t.source_tokenizer.original)}  # 2 -> </s>; the start is tformer's <s>
+        src = torch.tensor([[ours[m] for m in row] for row in batch.input_ids.tolist()])
+        tgt = torch.tensor([[1] + [ours[m] for m in row[1:]] for row in dec_in.tolist()])
+        src[batch.attention_mask == 0] = 0
+        tgt[dec_mask == 0] = 0
+        out = t.model(src, batch.attention_mask.sum(1), tgt, dec_mask.sum(1))
+        logits = t.model.generator(out.padded())  # (B, T, V + 1)
+    keep = [i for i in range(logits.shape[-1]) if i != 1]
+    mine = torch.full_like(ref, float("nan"))
+    mine[..., original(t, keep)] = logits[..., keep]
+    real = dec_mask.bool()
+    assert not mine.isnan().any()
+    assert ((mine - ref).abs() / ref.abs().clamp(min=1))[real].max() <= 1e-5
+    scored = t.score(TEXTS["en"], TEXTS["fr"], source=CODES[family]["en"], target=CODES[family]["fr"])
+    lp = ref.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0]  # (B, T)
+    for got, row, mask in zip(scored, lp, labels != 1):
+        want = float(row[mask].sum())
+        assert abs(got.log_prob - want) <= 1e-5 * max(1.0, abs(want))
+
+
+def generate(hf, tok, texts, target: str, beams: int, alpha: float, n: int):
+    with torch.no_grad():
+        return hf.generate(**tok(texts, return_tensors="pt", padding=True), num_beams=beams, do_sample=False,
+                           length_penalty=alpha, max_new_tokens=n, max_length=None, early_stopping=False,
+                           forced_bos_token_id=tok.convert_tokens_to_ids(target), output_scores=True,
+                           return_dict_in_generate=True, forced_eos_token_id=None)  # mBART's config forces </s>
+        # at the length limit; tformer stops there unfinished
+
+
+def check_outputs(t, hf, tok, source: str, target: str, texts: list[str], n: int = 20) -> set[int]:
+    """tformer's greedy and beam outputs (tokens, text, score) equal generate's; the lengths seen."""
+    tok.src_lang = source
+    lengths = set()
+    for beams, alpha in ((1, 1.0), (4, 1.0), (4, 0.6)):
+        got = t.translate(texts, source=source, target=target, beam=beams, len_penalty=alpha,
+                          len_penalty_rule="power", max_len_a=0.0, max_len_b=n)
+        gen = generate(hf, tok, texts, target, beams, alpha, n)
+        wants = gen.sequences_scores.tolist() if beams > 1 else [None] * len(texts)
+        for ours, row, want in zip(got, gen.sequences.tolist(), wants):
+            row = row[1:]  # the decoder's start
+            row = [x for x in (row[: row.index(2)] if 2 in row else row) if x != 1]
+            assert original(t, [t.source_tokenizer.vocab.stoi[p] for p in ours.hypotheses[0].tokens]) == row, \
+                (beams, alpha)
+            assert row[0] == tok.convert_tokens_to_ids(target)  # forced first, left out of the text
+            assert ours.text == tok.decode(row, skip_special_tokens=True)
+            lengths.add(len(row))
+            if want is not None:
+                assert abs(ours.hypotheses[0].score - want) <= 1e-5 * max(1.0, abs(want))
+    return lengths
+
+
+@pytest.mark.parametrize("source, target", [("en", "fr"), ("de", "en")])
+def test_greedy_and_beam_equal_generate(folder, family, source, target):
+    t = tformer.load(folder, device="cpu")
+    hf, tok = hf_pair(folder)
+    codes = CODES[family]
+    assert len(check_outputs(t, hf, tok, codes[source], codes[target], TEXTS[source])) >= 2
+
+
+def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folder, family, tmp_path):
+    from tformer.export import export
+
+    fmt = "hf-mbart" if family == "mbart50" else "hf-m2m100"
+    other = "hf-m2m100" if family == "mbart50" else "hf-mbart"
+    with pytest.raises(Exception, match=f"export it with --format {fmt}"):
+        export(other, folder, tmp_path / "wrong")
+    out = export(fmt, folder, tmp_path / "back")
+    hf, tok = hf_pair(folder)
+    back, back_tok = hf_pair(out)
+    theirs, ours = hf.state_dict(), back.state_dict()
+    assert set(theirs) == set(ours)
+    for name, tensor in theirs.items():
+        assert torch.equal(tensor, ours[name]), name
+    assert type(back_tok) is type(tok) and back_tok.get_vocab() == tok.get_vocab()
+    for lang in ("en", "de"):
+        tok.src_lang = back_tok.src_lang = CODES[family][lang]
+        assert back_tok(TEXTS[lang])["input_ids"] == tok(TEXTS[lang])["input_ids"]
+
+
+def test_a_folder_that_does_not_fit_is_refused_by_name(folder, family, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    settings = json.loads((bad / "tokenizer_config.json").read_text())
+    if family == "nllb":
+        (bad / "tokenizer_config.json").write_text(json.dumps({**settings, "legacy_behaviour": True}))
+        with pytest.raises(CheckpointError, match="legacy_behaviour"):
+            tformer.load(bad)
+    (bad / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "BertTokenizer"}))
+    with pytest.raises(CheckpointError, match="tokenizer_class 'BertTokenizer'"):
+        tformer.load(bad)
+    shutil.rmtree(bad)
+    shutil.copytree(folder, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
+    with pytest.raises(CheckpointError, match="'vocab_size' is 100"):
+        tformer.load(bad)
