@@ -105,10 +105,11 @@ class ModelConfig:
     share_embeddings: bool = False  # one table for source and target (needs a joint vocabulary)
     tie_generator: bool = True  # output projection shares the target embedding
     output_bias: bool = True  # the output layer's bias is trained; false: held as it is (M2M-100 has none)
+    start_row: int = 1  # the target table's row the decoder's first input reads: <s>'s; M2M-100's, mBART's: </s>'s
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "max_positions",
-                     "feature_dim", "frame_stack", "frame_skip", "conv_channels", "max_steps"):
+                     "feature_dim", "frame_stack", "frame_skip", "conv_channels", "max_steps", "start_row"):
             _check(getattr(self, name) >= 1, f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
         _check(self.d_model % self.n_heads == 0, "model.d_model", f"{self.d_model} is not divisible by "
                f"model.n_heads={self.n_heads}; choose d_model as a multiple of n_heads")
@@ -279,8 +280,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam
     clip_norm: float = 1.0  # 0 = no clipping
     label_smoothing: float = 0.1  # probability mass spread over the other tokens of the target vocabulary
-    ema: float = 0.0  # decay of an exponential moving average of the weights (0 = none; e.g. 0.999): validated,
-    # checkpointed (ema.safetensors) and used for inference beside the raw weights (tformer/training/ema.py)
+    ema: float = 0.0  # decay of a moving average of the weights (0 = none; 0.999): validated, used for inference
     ponder_weight: float = 0.01  # universal transformer: tau, the weight of the ACT ponder cost in the loss
     eval_every: int = 0  # optimizer updates between evaluations; 0 = once per epoch
     log_every: int = 20  # optimizer updates between log lines (and metrics.jsonl records)

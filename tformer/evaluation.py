@@ -62,7 +62,8 @@ def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_runn
     metrics = teacher_forced(model, examples, cfg) if forced else {}
     hyps: list[list[int]] = []
     if free_running:
-        hyps = [n[0] for n in translate_ids(model, [s for s, _ in examples], decode or cfg.decode).tokens]
+        prefixes = [list(t[:1]) for _, t in examples] if tagged_targets(cfg) else None  # the target's token first
+        hyps = [n[0] for n in translate_ids(model, [s for s, _ in examples], decode or cfg.decode, prefixes).tokens]
         if references is None:
             metrics["exact_match"] = exact_match(hyps, [t for _, t in examples])
         else:
@@ -77,6 +78,12 @@ def evaluate(model: Transformer, examples: list[Example], cfg: Config, free_runn
                 metrics.update(translation_scores(texts, references, cfg.data.tgt_lang).as_dict())
     metrics["n"] = len(examples)
     return metrics, hyps
+
+
+def tagged_targets(cfg: Config) -> bool:
+    """Whether each prepared target starts with its language's token (data.tag_sides both, data.pairs):
+    decoding is then given it, as a request gives it (tformer.languages)."""
+    return bool(cfg.data.pairs) and cfg.data.tag_sides == "both"
 
 
 def direction_scores(texts: list[str], references: list[str], directions: Directions, compound_split: bool = False

@@ -74,7 +74,8 @@ def model_config(hf: dict[str, Any], file: Path) -> ModelConfig:
             ffn_dropout=float(hf.get("activation_dropout") or 0.0), activation=activation, norm="pre",
             scale_embedding=bool(hf.get("scale_embedding", kind == "m2m_100")),
             max_positions=get("max_position_embeddings", 1024), share_embeddings=True, tie_generator=True,
-            output_bias=False, **positions)  # M2M-100 has no output bias, mBART's is a buffer: neither trains
+            output_bias=False, start_row=2, **positions)  # M2M-100 has no output bias, mBART's is a buffer:
+        # neither trains; the decoder starts from </s>'s row, as generate does
     except (ConfigError, TypeError, ValueError) as e:
         raise CheckpointError(f"{file}: {e}") from None
 

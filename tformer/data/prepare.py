@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipywidgets
@@ -159,6 +159,7 @@ def identity(cfg: DataConfig, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
     }
     if cfg.pairs:  # the directions, in order, decide the tags and the shards' order
         out["pairs"] = list(cfg.pairs)
+        out["tags"] = [cfg.language_tag, cfg.tag_sides]
     if tokenizers is not None:
         out["tokenizer"] = {"given": [t.fingerprint() for t in tokenizers]}
     else:
@@ -323,10 +324,10 @@ def _init_worker(src: Tokenizer, tgt: Tokenizer, dtype: str) -> None:
 
 
 def _encode_shard(folder: Path, k: int, first: int, pairs: list[tuple[str, str]], limits: tuple[int, float] | None,
-                  tags: list[tuple[int, int]] | None = None) -> dict[str, Any]:
+                  tags: list[DirectionTags] | None = None) -> dict[str, Any]:
     """Normalise, encode, filter (`limits`: training) and write shard `k`, whose first raw pair is line `first`.
-    `tags` (data.pairs): each direction's first raw line and target-language token, put before its sources; the
-    receipt counts the pairs kept of each direction."""
+    `tags` (data.pairs): each direction's first raw line and the language tokens put before its sources and its
+    targets; the receipt counts the pairs kept of each direction."""
     src_tok, tgt_tok, dtype = _WORKER["src"], _WORKER["tgt"], _WORKER["dtype"]
     tokens, lengths, texts, empty, kept = [], [], [], [], []
     dropped: Counter = Counter()
@@ -336,8 +337,9 @@ def _encode_shard(folder: Path, k: int, first: int, pairs: list[tuple[str, str]]
         tgt_text = [normalize(t) for _, t in chunk]
         src_ids, tgt_ids = src_tok.encode_batch(src_text), tgt_tok.encode_batch(tgt_text)
         if tags is not None:
-            which = np.searchsorted([line for line, _ in tags], np.arange(first + c, first + c + len(chunk)), "right") - 1
-            src_ids = [[tags[d][1], *ids] for d, ids in zip(which.tolist(), src_ids)]
+            which = np.searchsorted([t.line for t in tags], np.arange(first + c, first + c + len(chunk)), "right") - 1
+            src_ids = [[*tags[d].source, *ids] for d, ids in zip(which.tolist(), src_ids)]
+            tgt_ids = [[*tags[d].target, *ids] for d, ids in zip(which.tolist(), tgt_ids)]
         if limits is not None:
             keep, report = filter_pairs([len(s) for s in src_ids], [len(t) for t in tgt_ids], *limits)
             dropped.update(report.dropped)
@@ -417,21 +419,40 @@ def _encode_split(cfg: DataConfig, out: Path, source: Source, toks: tuple[Tokeni
     return entry
 
 
-def _direction_tags(source: Source, tok: Tokenizer, languages: Languages | None) -> list[tuple[int, int]] | None:
-    """Each direction's first raw line (1-based) and the id of its target's token (None: one direction)."""
+class DirectionTags(NamedTuple):
+    """What a direction's pairs start with: its first raw line (1-based), then the ids before each source and each
+    target (data.tag_sides 'source': the target's token before the source; 'both': the source's token before the
+    source and the target's before the target)."""
+
+    line: int
+    source: tuple[int, ...]
+    target: tuple[int, ...]
+
+
+def _direction_tags(source: Source, tok: Tokenizer, languages: Languages | None) -> list[DirectionTags] | None:
+    """Each direction's DirectionTags (None: one direction). Tokens on the target side must be ones the
+    tokenizer leaves out of the text (an imported M2M-100's, NLLB-200's or mBART-50's), or outputs would show
+    them."""
     if not source.directions or languages is None:
         return None
-    if languages.tag_sides != "source":
-        raise DataError("training reads corpora whose sources start with the target's token (data.tag_sides="
-                        "source); tags on both sides (M2M-100's) are for imported models, not yet for training")
     out, line = [], 1
     for name, count in source.directions:
-        piece = languages.tag(name.split("-")[1])
-        ids = tok.vocab.encode([piece])
-        if ids[0] == Vocab.unk:
-            raise DataError(f"the tokenizer has no piece {piece} for direction {name}: prepare the corpus with a "
-                            "tokenizer trained for data.pairs (or add the direction to data.pairs before training)")
-        out.append((line, ids[0]))
+        src, tgt = name.split("-")
+        ids = []
+        for piece in (languages.tag(src), languages.tag(tgt)):
+            ids.append(tok.vocab.encode([piece])[0])
+            if ids[-1] == Vocab.unk:
+                raise DataError(f"the tokenizer has no piece {piece} for direction {name}: prepare the corpus with a "
+                                "tokenizer trained for data.pairs (or add the direction to data.pairs before "
+                                "training)")
+        if languages.tag_sides == "source":
+            out.append(DirectionTags(line, (ids[1],), ()))
+        elif languages.tag(tgt) in getattr(tok, "controls", ()):
+            out.append(DirectionTags(line, (ids[0],), (ids[1],)))
+        else:
+            raise DataError(f"data.tag_sides=both puts {languages.tag(tgt)} before the targets, but the tokenizer "
+                            "would write it into the outputs' text: tags on both sides are for models imported "
+                            "with them (M2M-100, NLLB-200, mBART-50); train with data.tag_sides=source")
         line += count
     return out
 

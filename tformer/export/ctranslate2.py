@@ -56,7 +56,7 @@ def _converter_class():
                 (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.norm == "pre",
                 activation=activation, layernorm_embedding=cfg.embed_norm)
             spec.config.add_source_eos = True
-            spec.config.decoder_start_token = "<s>"
+            spec.config.decoder_start_token = translator.target_tokenizer.vocab.itos[cfg.start_row]  # <s>'s row
             spec.config.layer_norm_epsilon = cfg.layer_norm_eps
             _fill(spec.encoder, state, "encoder", cfg, model)
             _fill(spec.decoder, state, "decoder", cfg, model)

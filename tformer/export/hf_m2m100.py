@@ -83,21 +83,31 @@ def to_hf_m2m100(model, original: list[int], fmt: str = "hf-m2m100"):
     return hf
 
 
-def family(translator) -> str:
-    """Which tokenizer an imported model came with (tformer.convert.hf_languages), or a ConfigError."""
-    from tformer.convert.hf_languages import M2M_CODES, TAGS
+def family(translator) -> tuple[str, list[str]]:
+    """Which tokenizer an imported model came with (tformer.convert.hf_languages) and its languages, read from
+    the entries its tokenizer leaves out of the text; else a ConfigError."""
+    from tformer.convert.hf_languages import M2M_CODES, MASK, TAGS
     from tformer.data.tokenizer import PieceTableTokenizer
 
-    tok, data = translator.source_tokenizer, translator.config.data
+    tok = translator.source_tokenizer
     controls = list(tok.controls) if isinstance(tok, PieceTableTokenizer) else []
-    codes = list(data.languages)
-    if controls and translator.target_tokenizer is tok and data.tag_sides == "both":
-        if data.language_tag == TAGS["m2m100"] and codes in M2M_CODES.values():
-            return "m2m100"
-        if data.language_tag == "{}" and controls == [*codes, "<mask>"]:
-            return "mbart50" if translator.config.model.embed_norm else "nllb"
+    if controls and translator.target_tokenizer is tok:
+        for codes in M2M_CODES.values():
+            if controls == [TAGS["m2m100"].format(c) for c in codes]:
+                return "m2m100", codes
+        if controls[-1] == MASK:
+            return ("mbart50" if translator.config.model.embed_norm else "nllb"), controls[:-1]
     raise ConfigError(f"{translator.path} was not imported from an M2M-100, NLLB-200 or mBART-50 folder (its "
                       "tokenizer has none of their language tokens); export it as another format")
+
+
+def languages(data, codes: list[str]) -> tuple[str, str]:
+    """The source and target language a folder's tokenizer starts with: the run's first direction, else its
+    own."""
+    from tformer.languages import parse_pairs
+
+    src, tgt = parse_pairs(data.pairs)[0] if data.pairs else (data.src_lang, data.tgt_lang)
+    return (src if src in codes else codes[0]), (tgt if tgt in codes else codes[0])
 
 
 def export_hf_m2m100(checkpoint: str | Path, out: str | Path, force: bool = False, which: str = "best",
@@ -111,7 +121,7 @@ def export_hf_m2m100(checkpoint: str | Path, out: str | Path, force: bool = Fals
     out = Path(out)
     replaceable(out, Path(checkpoint), force)
     translator = load(checkpoint, which=which, device="cpu", attention="sdpa")
-    kind = family(translator)
+    kind, codes = family(translator)
     if (kind == "mbart50") != (fmt == "hf-mbart"):
         raise ConfigError(f"{translator.path} holds an {'mBART' if kind == 'mbart50' else 'M2M-100'} network; "
                           f"export it with --format {'hf-mbart' if kind == 'mbart50' else 'hf-m2m100'}")
@@ -122,14 +132,13 @@ def export_hf_m2m100(checkpoint: str | Path, out: str | Path, force: bool = Fals
     remove(out)
     hf.save_pretrained(out)
     (out / "sentencepiece.bpe.model").write_bytes(tok.model_bytes)
-    data = translator.config.data
-    settings = {"tokenizer_class": CLASSES[kind], "src_lang": data.src_lang, "tgt_lang": data.tgt_lang,
-                "bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "pad_token": "<pad>",
-                "unk_token": "<unk>"}
+    src, tgt = languages(translator.config.data, codes)
+    settings = {"tokenizer_class": CLASSES[kind], "src_lang": src, "tgt_lang": tgt, "bos_token": "<s>",
+                "eos_token": "</s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
     if kind == "m2m100":
-        write_m2m100_vocab(out, names, list(data.languages), settings)
+        write_m2m100_vocab(out, names, codes, settings)
     else:
-        write_tokenizer_json(out, names, list(data.languages), settings, kind)
+        write_tokenizer_json(out, names, codes, settings, kind)
     return out
 
 

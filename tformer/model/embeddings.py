@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from tformer.config import ModelConfig
+from tformer.data.vocab import Vocab
 from tformer.dropout import Dropout
 
 
@@ -48,12 +49,14 @@ def position_vectors(module: nn.Module | None, positions: Tensor | Span) -> Tens
 
 class Embeddings(nn.Module):
     """Token embedding scaled by sqrt(D) (unless `scale` is False) plus absolute positions (none with TUPE),
-    then `norm` (mBART's layernorm_embedding; None: none), then dropout."""
+    then `norm` (mBART's layernorm_embedding; None: none), then dropout. The decoder's start, <s>, reads row
+    `start_row` (model.start_row: an imported M2M-100 starts from </s>, one row for both, as it was trained)."""
 
     def __init__(self, tokens: nn.Embedding, positions: nn.Module | None, dropout: float,
-                 add_positions: bool = True, scale: bool = True, norm: nn.Module | None = None) -> None:
+                 add_positions: bool = True, scale: bool = True, norm: nn.Module | None = None,
+                 start_row: int = Vocab.bos) -> None:
         super().__init__()
-        self.tokens, self.positions = tokens, positions
+        self.tokens, self.positions, self.start_row = tokens, positions, start_row
         self.scale = math.sqrt(tokens.embedding_dim) if scale else 1.0
         self.dropout = Dropout(dropout)
         self.add_positions = add_positions
@@ -62,6 +65,8 @@ class Embeddings(nn.Module):
     def forward(self, ids: Tensor, positions: Tensor | Span | None = None) -> Embedded:
         """ids (...) and their positions in their sentences (see `position_vectors`; None: 0 .. L-1 along the
         last dim of ids (B, L)) -> (..., D)."""
+        if self.start_row != Vocab.bos:
+            ids = ids.masked_fill(ids == Vocab.bos, self.start_row)
         x = self.tokens(ids) * self.scale
         positions = Span(0, ids.shape[-1]) if positions is None else positions
         pos = position_vectors(self.positions, positions)

@@ -119,6 +119,8 @@ class Transformer(nn.Module):
                 f"model.share_embeddings needs one joint vocabulary, but the source has {src_vocab} "
                 f"entries and the target {tgt_vocab}"
             )
+        if cfg.start_row >= tgt_vocab:
+            raise ConfigError(f"model.start_row={cfg.start_row} is past the target vocabulary's {tgt_vocab} entries")
         self.cfg = cfg
         D = cfg.d_model
         enc_kind, dec_kind = cfg.side_positions("encoder"), cfg.side_positions("decoder")
@@ -135,7 +137,8 @@ class Transformer(nn.Module):
             self.src_embed = Embeddings(src_tokens, positions, cfg.dropout, once, cfg.scale_embedding,
                                         build_norm("layernorm", D, cfg.layer_norm_eps) if cfg.embed_norm else None)
         self.tgt_embed = Embeddings(tgt_tokens, tgt_positions, cfg.dropout, once, cfg.scale_embedding,
-                                    build_norm("layernorm", D, cfg.layer_norm_eps) if cfg.embed_norm else None)
+                                    build_norm("layernorm", D, cfg.layer_norm_eps) if cfg.embed_norm else None,
+                                    cfg.start_row)
         bias = dict(d_model=D, n_heads=cfg.n_heads, max_positions=cfg.max_positions, untie_first=cfg.untie_first,
                     buckets=cfg.relative_buckets, max_distance=cfg.relative_max_distance)
         self.src_bias = build_attention_bias(enc_kind, causal=False, **bias)  # TUPE, relative, ALiBi; else None

@@ -74,7 +74,12 @@ def initial_model(cfg: Config, given: dict, run_dir: str | Path | None = None) -
                               f"the initial model's architecture, whose {key} is {have[key]!r}, not {value!r}; leave "
                               f"model.{key} out (a fine-tuning run may set model.{', model.'.join(FINE_TUNABLE)})")
     tuned = {k: getattr(cfg.model, k) for k in FINE_TUNABLE if k in given}
-    return dataclasses.replace(cfg, model=dataclasses.replace(start.cfg.model, **tuned))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(start.cfg.model, **tuned))
+    was = start.cfg.data
+    if (was.languages or was.pairs) and cfg.data.pairs:  # its language tokens: their spelling, their sides
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, language_tag=was.language_tag,
+                                                                 tag_sides=was.tag_sides))
+    return cfg
 
 
 def train(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
