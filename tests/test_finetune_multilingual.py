@@ -52,6 +52,9 @@ def test_a_fine_tuned_multilingual_import_exports_back_and_decodes_alike(tmp_pat
     assert tuned.config.data.tag_sides == "both"
     examples = tuned.load_split("valid").examples["valid"]
     assert all(s[0] == tags.source and t[0] == tags.target for s, t in examples)  # the model's own tokens
+    evaluation = tuned.evaluate("valid", beam=1)  # decoded with the target's token given, as a request is
+    assert evaluation.outputs == [x.text for x in tuned.translate(evaluation.sources, source=codes["en"],
+                                                                  target=codes["fr"], beam=1)]
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(f"bleu_{codes['en']}-{codes['fr']}" in row for row in logged)
     ours, before = tuned.model.state_dict(), start.model.state_dict()
