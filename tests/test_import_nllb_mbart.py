@@ -253,10 +253,13 @@ def test_ctranslate2_decodes_an_export_as_tformer_does(folder, family, tmp_path)
     t = tformer.load(folder, device="cpu")
     out = export_ctranslate2(folder, tmp_path / "ct2")
     codes = CODES[family]
+    words = 0
     for source, target in (("en", "fr"), ("de", "en")):
         sentences = TEXTS[source]
         ours = [x.text for x in t.translate(sentences, source=codes[source], target=codes[target], beam=1,
                                             max_len_a=0.0, max_len_b=20)]
         theirs = translate_ctranslate2(out, t, sentences, beam=1, max_len=20, source=codes[source],
                                        target=codes[target])
-        assert theirs == ours and any(ours)
+        assert theirs == ours
+        words += sum(len(x.split()) for x in ours)
+    assert words >= 5  # outputs, not empty strings alike
