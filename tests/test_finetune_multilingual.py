@@ -35,7 +35,7 @@ def corpus(shared, out, codes: dict[str, str], n_train: int = 300, n_eval: int =
 
 @pytest.mark.parametrize("family", ["m2m100", "mbart50"])
 def test_a_fine_tuned_multilingual_import_exports_back_and_decodes_alike(tmp_path, shared_data, family):
-    from tformer.export import export
+    from tformer.export import export, export_ctranslate2, translate_ctranslate2
 
     folder = (make_m2m100(tmp_path / "m2m") if family == "m2m100" else
               make_other(tmp_path / "mbart", "mbart50"))
@@ -63,6 +63,10 @@ def test_a_fine_tuned_multilingual_import_exports_back_and_decodes_alike(tmp_pat
     fmt = "hf-m2m100" if family == "m2m100" else "hf-mbart"
     hf, tok = hf_pair(export(fmt, run, tmp_path / "hf"))
     check_outputs(tuned, hf, tok, codes["en"], codes["fr"], TEXTS["en"])
+    ct2 = export_ctranslate2(run, tmp_path / "ct2")  # its decoder starts from </s>'s row too (model.start_row)
+    ours = tuned.translate(TEXTS["en"], source=codes["en"], target=codes["fr"], beam=1, max_len_a=0.0, max_len_b=20)
+    assert translate_ctranslate2(ct2, tuned, TEXTS["en"], beam=1, max_len=20, source=codes["en"],
+                                 target=codes["fr"]) == [x.text for x in ours]
 
 
 def test_tags_on_both_sides_need_a_tokenizer_that_leaves_them_out_of_the_text(tmp_path, shared_data):
