@@ -35,6 +35,8 @@ def corpus(shared, out, codes: dict[str, str], n_train: int = 300, n_eval: int =
 
 @pytest.mark.parametrize("family", ["m2m100", "mbart50"])
 def test_a_fine_tuned_multilingual_import_exports_back_and_decodes_alike(tmp_path, shared_data, family):
+    import ctranslate2
+
     from tformer.export import export, export_ctranslate2, translate_ctranslate2
 
     folder = (make_m2m100(tmp_path / "m2m") if family == "m2m100" else
@@ -67,6 +69,12 @@ def test_a_fine_tuned_multilingual_import_exports_back_and_decodes_alike(tmp_pat
     ours = tuned.translate(TEXTS["en"], source=codes["en"], target=codes["fr"], beam=1, max_len_a=0.0, max_len_b=20)
     assert translate_ctranslate2(ct2, tuned, TEXTS["en"], beam=1, max_len=20, source=codes["en"],
                                  target=codes["fr"]) == [x.text for x in ours]
+    tags = tuned.language_tags(codes["fr"], codes["en"])
+    src = [tuned.pieces([tags.source, *tuned.encode(x)], "source") for x in TEXTS["en"]]
+    tgt = [tuned.pieces([tags.target, *tuned.encode(y)]) for y in TEXTS["fr"]]
+    theirs = [sum(r.log_probs) for r in ctranslate2.Translator(str(ct2)).score_batch(src, tgt)]
+    scored = tuned.score(TEXTS["en"], TEXTS["fr"], source=codes["en"], target=codes["fr"])
+    assert max(abs(a - b.log_prob) for a, b in zip(theirs, scored)) < 1e-3  # the language's token and </s> too
 
 
 def test_tags_on_both_sides_need_a_tokenizer_that_leaves_them_out_of_the_text(tmp_path, shared_data):
