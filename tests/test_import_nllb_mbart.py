@@ -38,8 +38,9 @@ def _spm(kind: str, size: int = 300) -> bytes:
     return buf.getvalue()
 
 
-def _tokenizer(path, family: str):
-    """transformers' tokenizer for the folder, saved into it: NLLB's numbered as fairseq numbers it."""
+def _tokenizer(path, family: str, fairseq: bool = True):
+    """transformers' tokenizer for the folder, saved into it: NLLB's numbered as fairseq numbers it (else as
+    transformers 5 does: <mask> before the languages)."""
     from transformers import MBart50Tokenizer, NllbTokenizer
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
@@ -49,7 +50,7 @@ def _tokenizer(path, family: str):
         settings["extra_special_tokens"] = FAIRSEQ_LANGUAGE_CODES
     (path / "tokenizer_config.json").write_text(json.dumps(settings))
     cls.from_pretrained(path).save_pretrained(path)
-    if family == "nllb":  # fairseq's (and the published folders') numbering: the languages, then <mask>
+    if family == "nllb" and fairseq:  # fairseq's (and the published folders') numbering: the languages, then <mask>
         n = len(pieces((path / "sentencepiece.bpe.model").read_bytes())) + 1
         ids = {c: n + i for i, c in enumerate(FAIRSEQ_LANGUAGE_CODES)} | {"<mask>": n + len(FAIRSEQ_LANGUAGE_CODES)}
         spec = json.loads((path / "tokenizer.json").read_text())
@@ -57,19 +58,19 @@ def _tokenizer(path, family: str):
             added["id"] = ids.get(added["content"], added["id"])
         (path / "tokenizer.json").write_text(json.dumps(spec))
     tok = cls.from_pretrained(path)
-    if family == "nllb":
+    if family == "nllb" and fairseq:
         assert tok.convert_tokens_to_ids("eng_Latn") == n + 46 and tok.convert_tokens_to_ids("<mask>") == n + 202
     return tok
 
 
-def make_folder(path, family: str, *, seed: int = 0, d_model: int = 32, layers: int = 2):
+def make_folder(path, family: str, *, seed: int = 0, d_model: int = 32, layers: int = 2, fairseq: bool = True):
     """A tiny NLLB-200 (M2M-100 network, BPE SentencePiece) or mBART-50 (mBART network, unigram) folder with
     random weights everywhere (layer norms and mBART's output bias too)."""
     from transformers import M2M100Config, M2M100ForConditionalGeneration, MBartConfig, MBartForConditionalGeneration
 
     path.mkdir(parents=True)
     (path / "sentencepiece.bpe.model").write_bytes(_spm("bpe" if family == "nllb" else "unigram"))
-    tok = _tokenizer(path, family)
+    tok = _tokenizer(path, family, fairseq)
     size = len(tok) + (2 if family == "nllb" else 0)
     config, model_class = ((M2M100Config, M2M100ForConditionalGeneration) if family == "nllb" else
                            (MBartConfig, MBartForConditionalGeneration))
@@ -291,3 +292,17 @@ def test_a_folder_without_tokenizer_json_numbers_as_fairseq_does(folder, family,
     assert other.source_tokenizer.original == direct.source_tokenizer.original
     assert other.source_tokenizer.vocab.itos == direct.source_tokenizer.vocab.itos
     assert other.languages.sources == direct.languages.sources
+
+
+def test_ids_come_from_tokenizer_json_however_it_numbers(tmp_path, shared_data):
+    """An NLLB folder whose tokenizer.json numbers <mask> before the languages (as transformers 5 builds it from
+    the SentencePiece model alone) is read by that file's ids, not by fairseq's order."""
+    folder = make_folder(tmp_path / "nllb", "nllb", fairseq=False)
+    t = tformer.load(folder, device="cpu")
+    _, tok = hf_pair(folder)
+    assert tok.convert_tokens_to_ids("<mask>") < tok.convert_tokens_to_ids("ace_Arab")
+    tok.src_lang = "deu_Latn"
+    tags = t.language_tags("fra_Latn", "deu_Latn")
+    for text in TEXTS["de"]:
+        assert original(t, [tags.source, *t.encode(text), 2]) == tok(text)["input_ids"]
+    assert original(t, [tags.target]) == [tok.convert_tokens_to_ids("fra_Latn")]
