@@ -250,4 +250,5 @@ def test_a_build_without_the_corpus_says_where_to_get_it(tmp_path):
                        timeout=300)
     assert r.returncode != 0
     assert f"{tmp_path / 'nowhere'}/multi30k" in r.stderr and "tformer data multi30k" in r.stderr
+    assert "Traceback" not in r.stderr and "sphinx-doc/sphinx/issues" not in r.stderr, r.stderr  # one line
     assert not (tmp_path / "w" / "runs").exists() or not any((tmp_path / "w" / "runs").iterdir())

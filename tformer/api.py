@@ -45,7 +45,7 @@ from tformer.data.corpus import normalize
 from tformer.decode.phrases import PHRASE_INPUTS
 from tformer.inputs import check_batch_type as _check_batch_type
 from tformer.inputs import check_list as _check_list
-from tformer.inputs import decode_fields  # noqa: F401  (decode_fields: the command line's)
+from tformer.inputs import check_decode_keys, decode_fields  # noqa: F401  (decode_fields: the command line's)
 from tformer.errors import ConfigError, DataError
 from tformer.languages import Languages, Tags, language_tags
 from tformer import plan as plans_
@@ -151,6 +151,7 @@ class Translator:
             if settings.get(key, loaded) != loaded:
                 raise ConfigError(f"config key 'decode.{key}': the model was loaded with {key}={loaded!r}; it is "
                                   f"chosen when loading (tformer.load(..., {key}={settings[key]!r})), not per call")
+        check_decode_keys(settings)
         fields = decode_fields(beam, nbest, batch_size, settings.pop("batch_tokens", None))
         return updated(self.config.decode, "decode", {**settings, **fields})
 

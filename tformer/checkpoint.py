@@ -37,8 +37,8 @@ from tformer.config import Config, ConfigError, load_config, save_config
 from tformer.data.speech import CharTokenizer, FrameInput
 from tformer.data.tokenizer import PieceTableTokenizer, SubwordTokenizer, Tokenizer, WordTokenizer
 from tformer.data.vocab import Vocab
-from tformer.errors import CheckpointError, DataError, NoCheckpointError
-from tformer.files import replace_atomically
+from tformer.errors import CheckpointError, DataError, NoCheckpointError, option
+from tformer.files import nearest, replace_atomically
 from tformer.model.transformer import legacy_parameter_order, upgrade_state
 
 Tokenizers = tuple[Tokenizer, Tokenizer]
@@ -197,7 +197,8 @@ def save_checkpoint(
             why = getattr(e, "strerror", None) or str(e)
             raise CheckpointError(f"could not write checkpoint {final} ({why}); "
                                   + (f"the previous one, {root / previous}, is intact: " if previous else "")
-                                  + "free space (or fix the folder) and continue with --resume") from None
+                                  + f"free space (or fix the folder) and continue with {option('resume', True)}"
+                                  ) from None
     try:
         _replace_text(root / "latest", name + "\n")
         if best:
@@ -294,7 +295,7 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
         return path
     root = path / "checkpoints"
     if not path.exists():
-        raise CheckpointError(f"{path} does not exist; pass a run folder or a checkpoint folder")
+        raise CheckpointError(f"{path} does not exist{nearest(path)}; pass a run folder or a checkpoint folder")
     if not root.is_dir():
         raise NoCheckpointError(f"{path} is neither a checkpoint folder (no trainer.json) nor a run folder "
                               "(no checkpoints/ inside)")

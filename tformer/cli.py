@@ -36,7 +36,7 @@ import sys
 
 from tformer.commands import (animate, attention, average, convert, data, demo, distill, evaluate, explore, export,
                               graph, plot, ponder, prepare, score, serve, shortlist, train, transcribe, translate)
-from tformer.errors import TformerError
+from tformer.errors import TformerError, spoken
 
 COMMANDS = (train, prepare, evaluate, translate, score, transcribe, data, distill, shortlist, average, ponder, attention,
             plot, animate, explore, serve, export, convert, graph, demo)
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
     try:
-        return args.func(args)
+        with spoken("command line"):
+            return args.func(args)
     except TformerError as e:  # a file, a setting, a checkpoint, an argument: a message, not a traceback
         print(f"tformer {args.command}: error: {e}", file=sys.stderr)
         return 2

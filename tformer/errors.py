@@ -11,9 +11,37 @@ Every message says what is wrong, where (file, line, key, list index, request fi
 command line and the servers catch this family only: any other exception is a bug in tformer and keeps its
 traceback. TformerError derives from ValueError, so code written against earlier versions (`except
 ValueError`) keeps working; catch TformerError to tell a user's mistake from a bug.
+
+A message that tells the user to set an argument speaks the caller's language (`option`): `--resume` to the
+command line (which runs under `spoken("command line")`), `resume=True` to Python.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator
+
+_SPOKEN = contextvars.ContextVar("tformer_spoken", default="python")
+
+
+@contextlib.contextmanager
+def spoken(language: str) -> Iterator[None]:
+    """Messages within speak `language`: "command line" or "python" (the default)."""
+    token = _SPOKEN.set(language)
+    try:
+        yield
+    finally:
+        _SPOKEN.reset(token)
+
+
+def option(name: str, value: Any = None) -> str:
+    """The argument `name` (a Python keyword such as run_dir) as the caller writes it: `--run-dir` or `run_dir`;
+    with a value, `--resume` or `resume=True` (True is a flag), `--beam 4` or `beam=4`."""
+    if _SPOKEN.get() == "command line":
+        flag = "--" + name.replace("_", "-")
+        return flag if value is None or value is True else f"{flag} {value}"
+    return name if value is None else f"{name}={value!r}"
 
 
 class TformerError(ValueError):

@@ -48,3 +48,22 @@ def writing(target: str | Path | IO[str], name: str = "the output") -> Iterator[
         raise DataError(f"{name} {target} is a folder; give a file name")
     with replace_atomically(target) as f:
         yield f
+
+
+def nearest(path: str | Path) -> str:
+    """For a path that does not exist: ' (did you mean runs/m30q?)' naming the closest entry of its folder (its
+    nearest existing ancestor's), or ''."""
+    import difflib
+
+    path = Path(path)
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        path, parent = parent, parent.parent
+    if not parent.is_dir():
+        return ""
+    try:
+        names = [p.name for p in parent.iterdir() if not p.name.startswith(".")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f" (did you mean {parent / close[0] if str(parent) != '.' else close[0]}?)" if close else ""

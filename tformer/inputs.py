@@ -4,7 +4,9 @@ constraints, ...). Each refusal is a DataError or ConfigError naming the argumen
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import dataclasses
+import difflib
+from typing import Any, Callable, Mapping, Sequence
 
 from tformer.data.vocab import Vocab
 from tformer.decode.phrases import PhraseInput
@@ -25,6 +27,19 @@ def decode_fields(beam: int | None = None, nbest: int | None = None, batch_size:
     if batch_tokens is not None or batch_size is not None:
         out["batch_tokens"] = batch_tokens or 0
     return out
+
+
+def check_decode_keys(settings: Mapping[str, Any]) -> None:
+    """A ConfigError for a keyword that is neither `decode_fields`' nor a DecodeConfig field (translate(beem=5)),
+    with the nearest name."""
+    from tformer.config import DecodeConfig
+
+    known = list(dict.fromkeys(["beam", "nbest", "batch_size", *(f.name for f in dataclasses.fields(DecodeConfig))]))
+    for key in settings:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(f"{key!r} is not a decoding setting" + (f"; did you mean {close[0]!r}?" if close else
+                              f"; they are {', '.join(known)}"))
 
 
 def check_list(value: Any, name: str) -> None:

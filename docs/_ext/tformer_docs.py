@@ -187,7 +187,8 @@ def rst_parser():
 
 def use_work_folder(work: Path, fresh: bool = False) -> None:
     """Make `work` the folder the pages run in (``runs/`` emptied when `fresh`, ``data/`` linked to the corpora)
-    and set the environment the kernels inherit."""
+    and set the environment the kernels inherit. Without the corpora the build stops with one line (SystemExit:
+    Sphinx reports any other exception with a traceback and a request to report a bug to Sphinx)."""
     if fresh and (work / "runs").is_dir():
         shutil.rmtree(work / "runs")  # every build trains its models afresh, as the pages say
     (work / "runs").mkdir(parents=True, exist_ok=True)
@@ -195,9 +196,9 @@ def use_work_folder(work: Path, fresh: bool = False) -> None:
     data = work / "data"
     if not data.exists():
         if not (shared / "multi30k").is_dir():
-            raise ExtensionError(f"the tutorials read Multi30k from {shared}/multi30k, which does not exist: set "
-                                 "TFORMER_SHARED_DATA to a folder holding multi30k/ (the offline shared/data, or "
-                                 "DIR after `tformer data multi30k --out DIR/multi30k`)")
+            raise SystemExit(f"tformer docs: error: the tutorials read Multi30k from {shared}/multi30k, which does "
+                             "not exist: run `tformer data multi30k --out DIR/multi30k` and set "
+                             "TFORMER_SHARED_DATA=DIR (or place the offline shared/data beside the repository)")
         data.symlink_to(shared, target_is_directory=True)
     os.environ["TFORMER_DOCS_WORK"] = str(work)
     os.environ.setdefault("TFORMER_CACHE", str(work / "cache"))
@@ -207,10 +208,10 @@ def use_work_folder(work: Path, fresh: bool = False) -> None:
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
 
 
-def prepare_work_folder(app: Sphinx) -> None:
+def prepare_work_folder(app: Sphinx, config) -> None:
     given = os.environ.get("TFORMER_DOCS_WORK")
     work = Path(given or Path(app.outdir).parent / "work").resolve()
-    use_work_folder(work, fresh=not given and app.config.nb_execution_mode == "force")
+    use_work_folder(work, fresh=not given and config.nb_execution_mode == "force")
 
 
 FIRST = "start/first-model"  # trains the model that later pages load (they train it only if it is missing)
@@ -245,7 +246,7 @@ def check_execution(app: Sphinx, exception: Exception | None) -> None:
 def setup(app: Sphinx) -> dict:
     app.add_directive("tformer-config", ConfigTable)
     app.add_directive("tformer-recipes", RecipeList)
-    app.connect("builder-inited", prepare_work_folder)
+    app.connect("config-inited", prepare_work_folder, priority=100)
     app.connect("env-before-read-docs", first_model_first)
     app.connect("build-finished", check_execution)
     return {"parallel_read_safe": False, "parallel_write_safe": True}

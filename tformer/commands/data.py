@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
         for path in download_multi30k(args.out, args.url or MULTI30K_URL):
             print(path)
-        print(f"now: tformer train --config multi30k_en_de data.dir={args.out}")
+        print(f"now: tformer train --config multi30k_quick data.dir={args.out} --run-dir runs/multi30k_quick   (about "
+              "two minutes; multi30k_en_de for the full recipe)")
         return 0
     if args.task == "wmt14":
         from tformer.data.download import download_wmt14

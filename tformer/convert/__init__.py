@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from tformer.errors import CheckpointError
+from tformer.files import nearest
 
 FORMATS = ("hf-marian", "hf-m2m100", "hf-nllb", "hf-mbart", "marian")
 HF_KINDS = {"marian": "hf-marian", "m2m_100": "hf-m2m100", "mbart": "hf-mbart"}  # config.json's model_type ->
@@ -26,7 +27,8 @@ HF_KINDS = {"marian": "hf-marian", "m2m_100": "hf-m2m100", "mbart": "hf-mbart"} 
 def hub_name(src: Path) -> bool:
     """'Helsinki-NLP/opus-mt-en-de': a name on the Hugging Face hub rather than a folder here."""
     parts = str(src).split("/")
-    return not src.exists() and len(parts) == 2 and all(parts) and not str(src).startswith((".", "~"))
+    return (not src.exists() and len(parts) == 2 and all(parts) and not str(src).startswith((".", "~"))
+            and not Path(parts[0]).is_dir())  # runs/m30q, a local folder's missing run, is no hub name
 
 
 def replaceable(out: Path, src: Path, force: bool) -> None:
@@ -62,8 +64,8 @@ def read(fmt: str, src: str | Path, overrides: list[str] = ()):
         hint = (f"; if {src} is a Hugging Face hub name: tformer never downloads, so fetch the folder first, e.g. "
                 f"`huggingface-cli download {src} --local-dir {src.name}`, and pass that folder"
                 if hub_name(src) else "")
-        raise CheckpointError(f"{src} does not exist: pass a tformer run or checkpoint folder, or a local model "
-                              f"folder{hint}")
+        raise CheckpointError(f"{src} does not exist{nearest(src)}: pass a tformer run or checkpoint folder, or a "
+                              f"local model folder{hint}")
     reader = {"hf-marian": read_hf_marian, "hf-m2m100": read_hf_m2m100, "hf-nllb": read_hf_m2m100,
               "hf-mbart": read_hf_m2m100, "marian": read_marian}[fmt]
     return reader(src, list(overrides))

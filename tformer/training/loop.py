@@ -30,7 +30,7 @@ from tformer.checkpoint import (CheckpointError, NoCheckpointError, check_room, 
 from tformer.config import SPEECH_TASKS, Config, same_architecture, save_config
 from tformer.convert import open_checkpoint
 from tformer.data import Batch, load_task
-from tformer.errors import ConfigError, TformerError, TrainingError
+from tformer.errors import ConfigError, TformerError, TrainingError, option
 from tformer.model import build_model
 from tformer.training import distributed, limits, threads as cpu_threads
 from tformer.training.batches import Batches, SubwordSampling, prefetch
@@ -175,8 +175,8 @@ class Trainer:
                 log.warning("%s holds no complete checkpoint yet (the run stopped before its first): starting it "
                             "from the beginning", run_dir)
         elif (run_dir / "checkpoints").is_dir() and list_checkpoints(run_dir / "checkpoints"):
-            raise CheckpointError(f"{run_dir} already holds checkpoints; add --resume to continue it, "
-                                  "or choose another --run-dir")
+            raise CheckpointError(f"{run_dir} already holds checkpoints; add {option('resume', True)} to continue "
+                                  f"it, or choose another {option('run_dir')}")
         if ckpt and ckpt.trainer.get("world_size", 1) != self.ctx.world:
             raise CheckpointError(f"{ckpt.path} was written by {ckpt.trainer.get('world_size', 1)} training "
                                   f"process(es), this run has {self.ctx.world}: resume with the same number "
@@ -238,7 +238,8 @@ class Trainer:
                     updates.close()
             if interrupted:
                 path = self.checkpoint(None)
-                log.warning("interrupted at step %d: saved %s; continue with --resume", state.step, path)
+                log.warning("interrupted at step %d: saved %s; continue with %s", state.step, path,
+                            option("resume", True))
                 return TrainResult(self.run_dir, path, state.step, state.best, state.elapsed, False, interrupted=True,
                                    shortfall=self._shortfall(""))
             if self.last_eval_step != state.step:
@@ -338,7 +339,7 @@ class Trainer:
             raise TrainingError(f"training stopped at step {state.step}: the weights are no longer finite (an "
                                 "update with a finite gradient overflowed them: the learning rate is far too high); "
                                 f"nothing was saved, the last checkpoint in {self.run_dir / 'checkpoints'} is intact. "
-                                "Lower train.lr and continue with --resume")
+                                f"Lower train.lr and continue with {option('resume', True)}")
         best = False
         if metrics is not None and better(metrics, state.best):
             state.best, state.best_step, best = metrics, state.step, True
@@ -376,7 +377,7 @@ class Trainer:
                     f"{self.run_dir / 'checkpoints'} is intact. ")
         raise TrainingError(why + "Usual causes: a learning rate too high for the model (train.lr, train.warmup), "
                             "no gradient clipping (train.clip_norm), fp16 overflow (train.precision=bf16 or fp32), "
-                            "or a corrupt batch; change one and continue with --resume")
+                            f"or a corrupt batch; change one and continue with {option('resume', True)}")
 
     # ---------------------------------------------------------------------------------------- evaluating
 

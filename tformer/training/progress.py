@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipywidgets
 
-from tformer.errors import ConfigError, TrainingError
+from tformer.errors import ConfigError, TrainingError, option
 
 log = logging.getLogger("tformer")
 
@@ -82,7 +82,8 @@ class RunLog:
             self.file.flush()
         except OSError as e:
             raise TrainingError(f"could not write {self.path} at step {record['step']} ({e.strerror or e}); the "
-                                "last checkpoint is intact: free space and continue with --resume") from None
+                                f"last checkpoint is intact: free space and continue with {option('resume', True)}"
+                                ) from None
         if self.board is not None:
             for key, value in record.items():
                 if key not in ("kind", "step") and isinstance(value, (int, float)):

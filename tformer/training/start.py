@@ -10,7 +10,7 @@ from typing import Sequence
 
 from tformer.checkpoint import load_checkpoint
 from tformer.config import FINE_TUNABLE, Config
-from tformer.errors import ConfigError, NoCheckpointError
+from tformer.errors import ConfigError, NoCheckpointError, option
 
 
 def train_config(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *,
@@ -22,7 +22,7 @@ def train_config(config: Config | str | Path | None = None, run_dir: str | Path 
 
     overrides = list(overrides)
     if resume and run_dir is None:
-        raise ConfigError("resuming needs the run folder to continue (run_dir, --run-dir)")
+        raise ConfigError(f"resuming needs the run folder to continue ({option('run_dir')})")
     if isinstance(config, Config):
         cfg = from_dict(merge_overrides(to_dict(config), overrides)) if overrides else config
         given = {k: v for k, v in to_dict(cfg.model).items() if v != to_dict(ModelConfig())[k]}
@@ -33,7 +33,7 @@ def train_config(config: Config | str | Path | None = None, run_dir: str | Path 
         return initial_model(cfg, given, run_dir if resume else None) if cfg.train.init_from else cfg
     if not resume:
         raise ConfigError("training needs a config: a tformer.Config, a YAML file or a recipe name such as "
-                          "'copy' (--config)")
+                          f"'copy' ({option('config')})")
     try:
         return load_checkpoint(run_dir, which="latest", overrides=overrides).cfg
     except NoCheckpointError:  # stopped before its first checkpoint: the run folder's config restarts it
@@ -94,7 +94,8 @@ def train(config: Config | str | Path | None = None, run_dir: str | Path | None 
 
     cfg = train_config(config, run_dir, resume=resume, overrides=overrides)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run_dir is None:
-        raise ConfigError("under torchrun, give the run folder (--run-dir): every process must write to the same")
+        raise ConfigError(f"under torchrun, give the run folder ({option('run_dir')}): every process must write to "
+                          "the same")
     if run_dir is None:
         stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
         run_dir = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
