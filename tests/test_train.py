@@ -284,10 +284,10 @@ def test_a_run_stopped_by_a_limit_short_of_its_target_says_which_and_how_to_trai
     assert best < 1.0
     for words in ("train.max_steps=3 stopped the run at step 3", "short of train.target_exact_match=1",
                   f"best validation exact match {best:.4f}",
-                  f"tformer train --run-dir {tmp_path / 'run'} --resume train.max_steps=6"):
+                  f"tformer.train(run_dir='{tmp_path / 'run'}', resume=True, overrides=['train.max_steps=6'])"):
         assert words in result.shortfall
     assert result.shortfall in [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    from tformer import train as train_api  # the advice, followed, trains on
+    from tformer import train as train_api  # the advice, followed (in Python, as it is written), trains on
 
     assert train_api(None, tmp_path / "run", resume=True, overrides=["train.max_steps=6"]).step == 6
 

@@ -18,7 +18,9 @@
     tformer animate   RUN_DIR [--every-head]          GIFs of the attention recorded over training
     tformer explore   --checkpoint RUN_DIR [--port 8000]   the explorer page on 127.0.0.1
     tformer serve     --checkpoint RUN_DIR [--port 8000] [--api-key K]   batching HTTP service (+ LibreTranslate API)
-    tformer export    --format ctranslate2|argos|hf-marian|onnx RUN_DIR OUT [--shortlist FILE]
+    tformer export    --format ctranslate2|argos|hf-marian|hf-m2m100|hf-mbart|onnx RUN_DIR OUT
+    tformer import    hf-marian|hf-m2m100|hf-nllb|hf-mbart|marian FOLDER RUN_DIR   a foreign model, converted once
+    tformer recipes   [NAME]                          the packaged recipes, or one of them
     tformer graph     --out FILE [--pattern --window 2 ...]   attention structures as pictures
     tformer demo      train the copy task, then show its test accuracy and a few decoded examples
 
@@ -35,11 +37,12 @@ import os
 import sys
 
 from tformer.commands import (animate, attention, average, convert, data, demo, distill, evaluate, explore, export,
-                              graph, plot, ponder, prepare, score, serve, shortlist, train, transcribe, translate)
+                              graph, plot, ponder, prepare, recipes, score, serve, shortlist, train, transcribe,
+                              translate)
 from tformer.errors import TformerError, spoken
 
 COMMANDS = (train, prepare, evaluate, translate, score, transcribe, data, distill, shortlist, average, ponder, attention,
-            plot, animate, explore, serve, export, convert, graph, demo)
+            plot, animate, explore, serve, export, convert, graph, recipes, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Transformer sequence-to-sequence models: train, evaluate, translate.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Settings: a YAML file or packaged recipe (--config) and dotted overrides such as model.d_model=512 "
-               "or\ntrain.max_steps=2000; unknown keys and wrong types are errors. Packaged recipes: copy, sort, "
-               "multi30k_en_de, ...\n(tformer/recipes/). Everything here is also a Python API: import tformer.",
+               "or\ntrain.max_steps=2000; unknown keys and wrong types are errors. Packaged recipes: `tformer "
+               "recipes` lists them\n(copy, multi30k_quick, multi30k_en_de, ...). Everything here is also a Python "
+               "API: import tformer.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -74,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except TformerError as e:  # a file, a setting, a checkpoint, an argument: a message, not a traceback
         print(f"tformer {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (tformer recipes | head): nothing to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when stdout is flushed
+        return 141
     except OSError as e:  # a file the command line names: missing, unreadable, a full disk
         where = f" ({e.filename})" if e.filename else ""
         print(f"tformer {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)

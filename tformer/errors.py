@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator
+from pathlib import PurePath
+from typing import Any, Iterator, Sequence
 
 _SPOKEN = contextvars.ContextVar("tformer_spoken", default="python")
 
@@ -69,3 +70,14 @@ class TrainingError(TformerError):
 
 
 __all__ = ["CheckpointError", "ConfigError", "DataError", "NoCheckpointError", "TformerError", "TrainingError"]
+
+
+def invocation(command: str, overrides: Sequence[str] = (), **arguments: Any) -> str:
+    """A call to suggest, as the caller writes it: `tformer train --run-dir runs/a --resume train.max_steps=60`
+    on the command line, `tformer.train(run_dir='runs/a', resume=True, overrides=['train.max_steps=60'])` in
+    Python. Path values are written as strings."""
+    arguments = {k: str(v) if isinstance(v, PurePath) else v for k, v in arguments.items()}
+    if _SPOKEN.get() == "command line":
+        return " ".join(["tformer", command, *(option(k, v) for k, v in arguments.items()), *overrides])
+    given = [f"{k}={v!r}" for k, v in arguments.items()] + ([f"overrides={list(overrides)!r}"] if overrides else [])
+    return f"tformer.{command}({', '.join(given)})"

@@ -135,7 +135,7 @@ def align(sources: list[list[int]], targets: list[list[int]]) -> tuple[list[np.n
     try:
         import eflomal
     except ImportError:
-        raise ConfigError("building a shortlist aligns the corpus with eflomal: pip install eflomal") from None
+        raise ConfigError("building a shortlist aligns the corpus with eflomal: pip install 'tformer[distill]'") from None
     with tempfile.TemporaryDirectory() as tmp:
         fwd, rev = Path(tmp) / "fwd", Path(tmp) / "rev"
         aligner = eflomal.Aligner()

@@ -8,7 +8,9 @@ checkpoint's tensors; CTranslate2's `convert()` validates, optionally quantizes 
 vocabularies are the checkpoint's own (ids 0..3: <pad> <s> </s> <unk>), so CTranslate2 reads and writes the
 same pieces tformer does; `</s>` is appended to every source (add_source_eos), the decoder starts from <s>.
 Models CTranslate2 cannot express (TUPE, a universal transformer, frame encoders, sparse structures) are
-refused with the reason (tformer.export.check_exportable). Translating with the export: `translate_ctranslate2`.
+refused with the reason (tformer.export.check_exportable). The folder also holds the SentencePiece models
+(source.spm, target.spm), so that it translates without tformer. Translating with the export from tformer:
+`translate_ctranslate2`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _require_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise ConfigError("export to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+        raise ConfigError("export to CTranslate2 needs the ctranslate2 package: pip install 'tformer[export]'") from None
     return ctranslate2
 
 
@@ -111,17 +113,31 @@ def export_ctranslate2(checkpoint: str | Path, out: str | Path, quantization: st
     translate_batch(..., use_vmap=True) (to the batch's union of lists, where tformer applies each sentence's)."""
     import tempfile
 
-    converter = _converter_class()(checkpoint, which)
-    if shortlist is None:
-        return Path(converter.convert(str(out), quantization=quantization, force=force))
     from tformer.api import load
-    from tformer.shortlist import Shortlist, write_vmap
 
-    table, translator = Shortlist.load(shortlist), load(checkpoint, which=which, device="cpu")
-    table.check(translator)
-    with tempfile.TemporaryDirectory() as tmp:
-        vmap = write_vmap(table, translator, Path(tmp) / "vmap.txt")
-        return Path(converter.convert(str(out), vmap=str(vmap), quantization=quantization, force=force))
+    converter = _converter_class()(checkpoint, which)
+    translator = load(checkpoint, which=which, device="cpu")
+    if shortlist is None:
+        written = Path(converter.convert(str(out), quantization=quantization, force=force))
+    else:
+        from tformer.shortlist import Shortlist, write_vmap
+
+        table = Shortlist.load(shortlist)
+        table.check(translator)
+        with tempfile.TemporaryDirectory() as tmp:
+            vmap = write_vmap(table, translator, Path(tmp) / "vmap.txt")
+            written = Path(converter.convert(str(out), vmap=str(vmap), quantization=quantization, force=force))
+    for name, data in tokenizer_files(translator).items():
+        (written / name).write_bytes(data)
+    return written
+
+
+def tokenizer_files(translator) -> dict[str, bytes]:
+    """The SentencePiece models that cut text into the pieces of the exported vocabularies: source.spm and
+    target.spm (the same model twice for a joint one), as OPUS-MT's CTranslate2 folders hold them; none for a
+    model whose tokenizers are not SentencePiece (characters, words)."""
+    sides = {"source.spm": translator.source_tokenizer, "target.spm": translator.target_tokenizer}
+    return {name: tok.model_bytes for name, tok in sides.items() if getattr(tok, "model_bytes", None)}
 
 
 def translate_ctranslate2(model_dir: str | Path, translator, sources: list[str], beam: int = 5,

@@ -41,7 +41,7 @@ def to_hf_marian(model, src_ids: list[int] | None = None, tgt_ids: list[int] | N
     try:
         from transformers import MarianConfig, MarianMTModel
     except ImportError:
-        raise ConfigError("the Hugging Face export needs transformers: pip install transformers") from None
+        raise ConfigError("the Hugging Face export needs transformers: pip install 'tformer[hf]'") from None
     cfg = model.cfg
     check_exportable(cfg)
     if cfg.norm != "post" or cfg.embed_norm:

@@ -68,7 +68,7 @@ def export_onnx(checkpoint: str | Path, out: str | Path, which: str = "best") ->
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError:
-        raise ConfigError("ONNX export needs onnx and onnxscript: pip install onnx onnxscript") from None
+        raise ConfigError("ONNX export needs onnx and onnxscript: pip install 'tformer[export]'") from None
     translator = load(checkpoint, which=which, device="cpu", attention="sdpa")  # graph weights run padded too
     cfg, model = translator.config.model, translator.model
     check_exportable(cfg)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tformer.config import TrainConfig
+from tformer.errors import invocation
 from tformer.training.state import TrainerState
 
 
@@ -24,7 +25,7 @@ def raised(limit: str, t: TrainConfig) -> str:
 
 
 def train_on(limit: str, t: TrainConfig, run_dir: Path) -> str:
-    return f"To train on from here: tformer train --run-dir {run_dir} --resume {raised(limit, t)}"
+    return "To train on from here: " + invocation("train", [raised(limit, t)], run_dir=run_dir, resume=True)
 
 
 def shortfall(limit: str, t: TrainConfig, state: TrainerState, run_dir: Path) -> str:
@@ -38,7 +39,7 @@ def shortfall(limit: str, t: TrainConfig, state: TrainerState, run_dir: Path) ->
     target = f"train.target_exact_match={t.target_exact_match:g}"
     if not limit:
         return (f"interrupted at step {state.step}, short of {target}: {reached}. To train on: "
-                f"tformer train --run-dir {run_dir} --resume")
+                + invocation("train", run_dir=run_dir, resume=True))
     return f"{limit} stopped the run at step {state.step}, short of {target}: {reached}. " + train_on(limit, t, run_dir)
 
 

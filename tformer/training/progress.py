@@ -11,10 +11,12 @@ checkpoint it starts from: those steps run again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tqdm import tqdm  # the text bar: tqdm.auto warns in a notebook without ipywidgets
 
@@ -127,3 +129,31 @@ def summary_writer_class():
         raise ConfigError("train.tensorboard=true needs the tensorboard package: pip install tensorboard "
                           "(or leave it off: metrics.jsonl and `tformer plot RUN_DIR` need nothing more)") from None
     return SummaryWriter
+
+
+def bar(progress: bool | None) -> bool:
+    """A progress bar or log lines: `progress` when given, else as the command line chooses (a bar when stderr
+    is a terminal), or in a notebook (which shows tqdm's bar)."""
+    if progress is not None:
+        return progress
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
+
+
+@contextlib.contextmanager
+def reporting() -> Iterator[None]:
+    """The log lines a run writes, shown on stderr as the command line shows them, while the block runs, when
+    nothing else shows them (no logging handler configured: a script or a notebook that never set logging up)."""
+    if logging.getLogger().handlers or log.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    level = log.level
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)

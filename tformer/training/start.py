@@ -11,6 +11,7 @@ from typing import Sequence
 from tformer.checkpoint import load_checkpoint
 from tformer.config import FINE_TUNABLE, Config
 from tformer.errors import ConfigError, NoCheckpointError, option
+from tformer.training.progress import bar, reporting
 
 
 def train_config(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *,
@@ -83,13 +84,15 @@ def initial_model(cfg: Config, given: dict, run_dir: str | Path | None = None) -
 
 
 def train(config: Config | str | Path | None = None, run_dir: str | Path | None = None, *, resume: bool = False,
-          overrides: Sequence[str] = (), progress: bool = False):
+          overrides: Sequence[str] = (), progress: bool | None = None):
     """Train a model into `run_dir`, or continue the run there (`resume=True`). `config`: a Config, or a
     YAML recipe (a path, or a packaged recipe's name such as 'copy'), with dotted `overrides` applied on top;
     to resume, it may be left out: the run's own configuration is used, overrides on top. Without
     `run_dir`, a new folder under runs/. Under torchrun every process calls this with the same arguments.
     Returns a TrainResult (run folder, latest checkpoint, step, best validation metrics, time, the limit that
-    stopped it and, for a run short of train.target_exact_match, why and the override that trains on)."""
+    stopped it and, for a run short of train.target_exact_match, why and the override that trains on).
+    `progress`: a progress bar (True) or log lines (False); None: as the command line, a bar in a terminal or a
+    notebook, else lines. Either way the run reports as it goes (`reporting`)."""
     from tformer.training.loop import train as train_loop
 
     cfg = train_config(config, run_dir, resume=resume, overrides=overrides)
@@ -99,11 +102,12 @@ def train(config: Config | str | Path | None = None, run_dir: str | Path | None 
     if run_dir is None:
         stem = Path(config).stem if isinstance(config, (str, Path)) else "run"
         run_dir = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return train_loop(cfg, run_dir, resume=resume, progress=progress)
+    with reporting():
+        return train_loop(cfg, run_dir, resume=resume, progress=bar(progress))
 
 
 def prepare(config: Config | str | Path, out: str | Path, *, overrides: Sequence[str] = (),
-            splits: Sequence[str] = ("train", "valid", "test"), progress: bool = False):
+            splits: Sequence[str] = ("train", "valid", "test"), progress: bool | None = None):
     """Encode a translation corpus once into memory-mapped shards in `out` (`tformer prepare`): SentencePiece
     trained on a seeded sample of the training pairs (data.tokenizer_sample), every split encoded by
     data.workers processes. An interrupted prepare continues where it stopped when called again; a folder
@@ -111,15 +115,16 @@ def prepare(config: Config | str | Path, out: str | Path, *, overrides: Sequence
 
     A speech corpus (data.task speech) gets its features instead: log-mel filterbanks of its audio (or its .npy
     frames) in float16/32 shards, with the training set's CMVN statistics (tformer.data.features); returns the
-    PreparedFeatures."""
+    PreparedFeatures. `progress` as for `train`."""
     from tformer.data.prepare import prepare as prepare_corpus
 
     cfg = train_config(config, overrides=overrides)
-    if cfg.data.task == "speech":
-        from tformer.data.features import prepare_features
+    with reporting():
+        if cfg.data.task == "speech":
+            from tformer.data.features import prepare_features
 
-        return prepare_features(cfg.data, out, cfg.model.feature_dim, splits, progress=progress)
-    if cfg.data.task != "translation":
-        raise ConfigError(f"tformer prepare writes translation and speech corpora; data.task '{cfg.data.task}' is "
-                          "generated or read as it is")
-    return prepare_corpus(cfg.data, out, splits, progress=progress)
+            return prepare_features(cfg.data, out, cfg.model.feature_dim, splits, progress=bar(progress))
+        if cfg.data.task != "translation":
+            raise ConfigError(f"tformer prepare writes translation and speech corpora; data.task '{cfg.data.task}' "
+                              "is generated or read as it is")
+        return prepare_corpus(cfg.data, out, splits, progress=bar(progress))
