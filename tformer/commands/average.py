@@ -34,4 +34,5 @@ def run(args: argparse.Namespace) -> int:
         paths = [Path(p) for p in args.checkpoints]
     out = average_checkpoints(paths, args.out)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
+    print(f"next: tformer evaluate --checkpoint {out} --split test --beam 5")
     return 0

@@ -46,4 +46,7 @@ def run(args: argparse.Namespace) -> int:
                  else f"CER {best['cer']:.2f}%  WER {best['wer']:.2f}%" if "cer" in best
                  else f"exact match {best.get('exact_match', 0):.4f}")
         print(f"best validation: {score}  token acc {best['token_acc']:.4f}  loss {best['loss']:.4f}")
+    if not result.interrupted:
+        print(f"next: tformer evaluate --checkpoint {result.run_dir} --split test --beam 5   (or tformer translate "
+              f"--checkpoint {result.run_dir}, tformer plot {result.run_dir})")
     return 130 if result.interrupted else 0
