@@ -66,8 +66,10 @@ def test_use_from_python_snippets_run(tmp_path, monkeypatch, capsys):
 
 
 def test_ci_runs_exactly_the_readmes_test_command():
+    """The README's test block, line for line, is how .ci/run ends (after `set -euo pipefail` and `cd`, so a
+    failing line stops it as && would)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = text[text.index("**Run the tests**"):]
-    command = re.search(r"```bash\n(.*?)\n```", block, re.S).group(1).strip()
-    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
-    assert ci == command and "pytest" in command
+    command = re.search(r"```bash\n(.*?)\n```", block, re.S).group(1).strip().splitlines()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-len(command):] == command and "pytest" in command[-1] and "set -euo pipefail" in ci
