@@ -21,6 +21,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "sphinxarg.ext",           # the command line's reference, from tformer.cli.build_parser()
+    "sphinx_design",           # the landing page's grid and cards (its CSS and JS ship with it: nothing fetched)
     "tformer_docs",            # docs/_ext: config fields, recipes, the build's work folder, checks after the build
 ]
 
