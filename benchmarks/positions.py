@@ -2,7 +2,7 @@
 sinusoidal vs learned vs TUPE-A vs TUPE-R, on the encoder and the decoder alike (or, as `tupe-enc` /
 `tupe-r-enc`, TUPE in the encoder with a sinusoidal decoder, as the TUPE source does).
 
-    python benchmarks/positions.py copy speech multi30k [--schemes ...] [--steps N ...] [--append]
+    python benchmarks/positions.py copy speech multi30k [--schemes ...] [--steps N ...] [--record]
 
 copy      length extrapolation: the copy recipe trained on lengths <= 20 (data.max_len=20), tested on its
           own test split and on 1000 sequences of lengths 21-40 (another seed): free-running exact match.
@@ -11,7 +11,7 @@ speech    the synthetic speech-like task (the speech_synthetic recipe): characte
 multi30k  Multi30k en->de (the multi30k_en_de recipe, ../shared/data/multi30k): sacreBLEU and chrF on
           test2016, beam 5, on the checkpoint after the budget (one validation at the end: no selection).
 
-Each run goes to runs/bench-pos-TASK-SCHEME (replaced). With --append each task's table is appended to
+Each run goes to runs/bench-pos-TASK-SCHEME (replaced). With --record each task's table is appended to
 benchmarks/RESULTS.md as soon as it is done, so a long run keeps what it finished.
 """
 
@@ -127,13 +127,14 @@ def main() -> None:
                     help="position schemes on both sides; *-enc: TUPE in the encoder only")
     ap.add_argument("--steps", nargs="+", type=int, help="updates per run, one per task (default: "
                     + ", ".join(f"{k} {v}" for k, v in STEPS.items()) + ")")
-    ap.add_argument("--append", action="store_true", help="append each task's table to benchmarks/RESULTS.md")
+    ap.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append each task's table to benchmarks/RESULTS.md (--append: the old spelling)")
     args = ap.parse_args()
     steps = dict(zip(args.tasks, args.steps)) if args.steps else {}
     for task in args.tasks:
         rows = [run(task, scheme, steps.get(task, STEPS[task])) for scheme in args.schemes]
         print("\n" + table(task, rows) + "\n", flush=True)
-        if args.append:
+        if args.record:
             append_results(TITLES[task], table(task, rows), NOTES[task])
 
 

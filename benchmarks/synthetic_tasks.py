@@ -1,6 +1,6 @@
 """Copy and sort: train a recipe, then report free-running whole-sequence exact match on the test split.
 
-    python benchmarks/synthetic_tasks.py copy sort sort_universal [--generalise] [--append]
+    python benchmarks/synthetic_tasks.py copy sort sort_universal [--generalise] [--record]
         [--overrides section.key=value ...] [--from-run RUN_DIR ...]
 
 For each recipe: `tformer train --config RECIPE` into runs/bench-RECIPE (or, with --from-run, one run folder
@@ -42,7 +42,8 @@ def main() -> None:
     ap.add_argument("--overrides", nargs="*", default=[], metavar="section.key=value")
     ap.add_argument("--from-run", nargs="*", type=Path, default=[], metavar="RUN_DIR",
                     help="evaluate these run folders (one per recipe, in order) instead of training")
-    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append the table to benchmarks/RESULTS.md (--append: the old spelling)")
     args = ap.parse_args()
     if args.from_run and len(args.from_run) != len(args.tasks):
         ap.error(f"--from-run names {len(args.from_run)} run folders for {len(args.tasks)} recipes")
@@ -89,7 +90,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     print("\n" + table)
-    if args.append:
+    if args.record:
         title = "Copy and sort: free-running exact match on test (DGL splits 9000/1000/1000)"
         if args.generalise:
             title = "Length generalisation: trained on lengths <= 20, tested on 21-40"

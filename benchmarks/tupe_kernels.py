@@ -1,6 +1,6 @@
 """What TUPE's positional bias costs in one self-attention call (forward + backward), per kernel.
 
-    python benchmarks/tupe_kernels.py [--rounds 7] [--append]
+    python benchmarks/tupe_kernels.py [--rounds 7] [--record]
 
 A batch of sentences with Multi30k-like lengths (Normal(14, 5) clipped to 3..40, 3000 tokens padded), 4 heads
 of 64. Kernels: dense and sdpa on the padded batch (bias (1, H, L, L) broadcast), the graph kernel on the
@@ -72,7 +72,8 @@ def cases(lengths: torch.Tensor, H: int = 4, Dh: int = 64):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--append", action="store_true")
+    ap.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append the table to benchmarks/RESULTS.md (--append: the old spelling)")
     args = ap.parse_args()
     lengths = batch_lengths()
     fns = cases(lengths)
@@ -94,7 +95,7 @@ def main() -> None:
                     + (f"{med / plain:.2f}x |" if tag == "+ bias" else "- |"))
     table = "\n".join(rows)
     print(f"{len(lengths)} sentences, {int(lengths.sum())} tokens, longest {int(lengths.max())}\n\n{table}")
-    if args.append:
+    if args.record:
         append_results("TUPE bias per kernel: one self-attention call, forward + backward", table,
                        f"{len(lengths)} sentences of Multi30k-like lengths ({int(lengths.sum())} tokens, longest "
                        f"{int(lengths.max())}; {len(lengths) * int(lengths.max())} padded), 4 heads of 64, "

@@ -2,7 +2,7 @@
 time, and the graph (packed) UT vs the padded UT at an equal number of updates.
 
     python benchmarks/universal.py sort speech multi30k [--steps 1500] [--minutes 6 10] [--eval-every N ...]
-        [--beam 5] [--overrides section.key=value ...] [--append]
+        [--beam 5] [--overrides section.key=value ...] [--record]
 
 sort      the sort_universal recipe twice at the same update budget (--steps, default 1500; max_hours 0, the
           same seed, no stop at the exact-match target): model.attention=sdpa (padded UT: every position is
@@ -22,7 +22,7 @@ validation (sort: exact match; speech: CER; multi30k: BLEU, greedy), never on te
 teacher-forced (tformer.evaluation.ponder_steps), per real position, encoder and decoder apart.
 
 --minutes and --steps take one value per time-budgeted task (speech, multi30k, in the order given) or one
-value for all. Each run goes to runs/bench-ut-TASK-VARIANT (replaced). With --append each task's table is
+value for all. Each run goes to runs/bench-ut-TASK-VARIANT (replaced). With --record each task's table is
 appended to benchmarks/RESULTS.md as soon as that task is done.
 """
 
@@ -238,7 +238,8 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=5, help="multi30k: also decode test with this beam (<= 1: greedy only)")
     ap.add_argument("--overrides", nargs="*", default=[], metavar="section.key=value",
                     help="applied to every run after the benchmark's own (e.g. data.train_size=500 for a smoke test)")
-    ap.add_argument("--append", action="store_true", help="append each task's table to benchmarks/RESULTS.md")
+    ap.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append each task's table to benchmarks/RESULTS.md (--append: the old spelling)")
     args = ap.parse_args()
     timed = [t for t in args.tasks if t in MINUTES]
     minutes = args.minutes or []
@@ -252,7 +253,7 @@ def main() -> None:
         table, verdict = (sort_table(rows) if task == "sort" else speech_table(rows) if task == "speech"
                           else multi30k_table(rows, args.beam))
         print()
-        report(TITLES[task], table, notes(task, rows, verdict, args), args.append)
+        report(TITLES[task], table, notes(task, rows, verdict, args), args.record)
 
 
 if __name__ == "__main__":
