@@ -55,7 +55,7 @@ BENCHMARKS: dict[str, Entry] = {
                    "cross-request batching against the same server answering one by one "
                    "(`benchmarks/serve_load.py`; `python -m benchmarks run serve`)."),
     "serve-abuse": Entry("serving", "tformer serve under slow clients and malformed requests",
-                         "slowloris connections and a flood of malformed requests (`serve_abuse.py`)."),
+                         "slowloris connections and a flood of malformed requests (`benchmarks/serve_abuse.py`)."),
     # reliability
     "suite": Entry("reliability", "Test suite wall time",
                    "the README's test command on a fresh clone (`python -m benchmarks run suite`)."),
@@ -63,9 +63,9 @@ BENCHMARKS: dict[str, Entry] = {
                       "mutants killed of those that can change behaviour (`benchmarks/mutation.py`)."),
     # interop
     "finetune-hf": Entry("interop", "Fine-tuning through Hugging Face",
-                         "export to Hugging Face Marian, import, fine-tune (`benchmarks/finetune_roundtrip.py`)."),
+                         "export to Hugging Face Marian, import, fine-tune (`benchmarks/studies/finetune_roundtrip.py`)."),
     "argos": Entry("interop", "Argos Translate package",
-                   "`tformer export --format argos` against tformer itself (`argos.py`)."),
+                   "`tformer export --format argos` against tformer itself (`benchmarks/studies/argos.py`)."),
 }
 
 

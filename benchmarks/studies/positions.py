@@ -2,7 +2,7 @@
 sinusoidal vs learned vs TUPE-A vs TUPE-R, on the encoder and the decoder alike (or, as `tupe-enc` /
 `tupe-r-enc`, TUPE in the encoder with a sinusoidal decoder, as the TUPE source does).
 
-    python benchmarks/positions.py copy speech multi30k [--schemes ...] [--steps N ...] [--record]
+    python benchmarks/studies/positions.py copy speech multi30k [--schemes ...] [--steps N ...] [--record]
 
 copy      length extrapolation: the copy recipe trained on lengths <= 20 (data.max_len=20), tested on its
           own test split and on 1000 sequences of lengths 21-40 (another seed): free-running exact match.
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import HERE, SHARED_DATA, append_results  # noqa: E402
 
 from tformer.config import load_config  # noqa: E402

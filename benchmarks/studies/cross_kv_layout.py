@@ -9,7 +9,7 @@ shared and noisy). Two parts:
    cache as the library builds it or with the strided views put back: ms per batch, the ratio, and whether
    the outputs are equal (they must be: the same values, laid out differently).
 
-    python benchmarks/cross_kv_layout.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--beams 1 4]
+    python benchmarks/studies/cross_kv_layout.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--beams 1 4]
                                          [--max-len 24] [--rounds 5] [--quantize int8] [--record]
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, report  # noqa: E402
 from decoding_peers import opus_base_folder  # noqa: E402
 

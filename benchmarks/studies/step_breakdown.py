@@ -16,7 +16,7 @@ rotating order (the machine is shared and noisy):
 Each row but the rest also says how fast it streams the step's product weights (read once per step), against the
 machine's read bandwidth measured in the same run (common.read_bandwidth): at batch 1 a step is bound by it.
 
-    python benchmarks/step_breakdown.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--rounds 7]
+    python benchmarks/studies/step_breakdown.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--rounds 7]
                                         [--same-process] [--record]
 
 The folder must be a post-norm Marian-shaped Hugging Face folder (what CTranslate2 converts).
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, read_bandwidth, report  # noqa: E402
 from ct2_worker import CT2Worker  # noqa: E402
 from decoding_peers import opus_base_folder  # noqa: E402

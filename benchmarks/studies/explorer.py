@@ -1,6 +1,6 @@
 """Explorer response time: one translation with the attention of every hypothesis, over HTTP, on this machine.
 
-    python benchmarks/explorer.py --checkpoint runs/multi30k_en_de --beam 5 --nbest 5 --sentences 40 [--record]
+    python benchmarks/studies/explorer.py --checkpoint runs/multi30k_en_de --beam 5 --nbest 5 --sentences 40 [--record]
 
 Serves the checkpoint in this process (tformer.serve.Server with the explorer, on 127.0.0.1), posts Multi30k test2016
 sentences one at a time, and reports the round trip (what the page waits for) beside the model's own time
@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, report  # noqa: E402
 
 from tformer.explore import Explorer, server_settings  # noqa: E402

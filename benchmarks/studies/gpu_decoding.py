@@ -1,7 +1,7 @@
 """Decoding on a GPU, fp32 and bf16, beside Hugging Face `generate` on the same GPU and weights, in one run.
 
-    python benchmarks/gpu_decoding.py --opus-base [--batch-size 1 32 128] [--beams 1 4] [--rounds 2] [--out FILE]
-    python benchmarks/gpu_decoding.py --checkpoint RUN [--out FILE]     (a trained model: bf16's quality)
+    python benchmarks/studies/gpu_decoding.py --opus-base [--batch-size 1 32 128] [--beams 1 4] [--rounds 2] [--out FILE]
+    python benchmarks/studies/gpu_decoding.py --checkpoint RUN [--out FILE]     (a trained model: bf16's quality)
 
 --opus-base: a random OPUS-MT-base-shaped Hugging Face folder (d 512, 6+6 layers, a 58,101-entry table; built as
 benchmarks/decoding_peers.py builds it), loaded by tformer (`tformer.load(folder, device="cuda")`, and with
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA  # noqa: E402
 from decoding_peers import opus_base_folder  # noqa: E402
 

@@ -5,7 +5,7 @@ torch.compile: whole (inductor's own products), and the glue alone around tforme
 sees as opaque custom ops (`opaque`), with or without inductor's cpp_wrapper (`--cpp-wrapper`). A measurement for
 issues 45 and 64 ("cut Python work per step", "compile what wins"), before building any of it into the library.
 
-    python benchmarks/static_step.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--steps 24] [--rounds 3]
+    python benchmarks/studies/static_step.py [--folder FOLDER | --opus-base] [--batch-size 1 32] [--steps 24] [--rounds 3]
                                      [--cpp-wrapper]
 
 Post-norm Marian-shaped models only (the OPUS-MT-base shape of benchmarks/decoding_peers.py): the functional
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA  # noqa: E402
 from decoding_peers import opus_base_folder  # noqa: E402
 

@@ -2,7 +2,7 @@
 batch 1 and 64, for the small (d=256, 3+3) and base (d=512, 6+6) models in their vanilla, graph-attention,
 Universal Transformer and TUPE forms.
 
-    python benchmarks/decoding_grid.py [--sizes small base] [--sentences 128] [--record]
+    python benchmarks/studies/decoding_grid.py [--sizes small base] [--sentences 128] [--record]
 
 Random weights (vocabulary 8000), Multi30k test2016 sources hashed to ids; random weights decode to the
 output limit (`--max-len`), so every variant produces the same number of tokens and the figures compare
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, append_results  # noqa: E402
 
 from tformer.config import DecodeConfig, ModelConfig  # noqa: E402

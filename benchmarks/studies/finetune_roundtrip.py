@@ -2,7 +2,7 @@
 Multi30k train, exported to a Hugging Face MarianMT folder, fine-tuned from that folder (imported) on the second
 half, against the same fine-tuning continued from the native run.
 
-    python benchmarks/finetune_roundtrip.py [--minutes 20] [--steps 600] [--eval-every 100] [--record]
+    python benchmarks/studies/finetune_roundtrip.py [--minutes 20] [--steps 600] [--eval-every 100] [--record]
 
 1. Two corpora: A = train lines 1-14,500, B = lines 14,501-29,000, each with Multi30k's val and test2016.
 2. The base: the multi30k_tiny recipe, post-norm (MarianMT is post-norm only), trained on A for --minutes.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, report  # noqa: E402
 
 import tformer  # noqa: E402

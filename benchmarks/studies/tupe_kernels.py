@@ -1,6 +1,6 @@
 """What TUPE's positional bias costs in one self-attention call (forward + backward), per kernel.
 
-    python benchmarks/tupe_kernels.py [--rounds 7] [--record]
+    python benchmarks/studies/tupe_kernels.py [--rounds 7] [--record]
 
 A batch of sentences with Multi30k-like lengths (Normal(14, 5) clipped to 3..40, 3000 tokens padded), 4 heads
 of 64. Kernels: dense and sdpa on the padded batch (bias (1, H, L, L) broadcast), the graph kernel on the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import append_results  # noqa: E402
 
 from tformer.attention.graph import graph_attention  # noqa: E402

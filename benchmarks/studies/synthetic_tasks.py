@@ -1,6 +1,6 @@
 """Copy and sort: train a recipe, then report free-running whole-sequence exact match on the test split.
 
-    python benchmarks/synthetic_tasks.py copy sort sort_universal [--generalise] [--record]
+    python benchmarks/studies/synthetic_tasks.py copy sort sort_universal [--generalise] [--record]
         [--overrides section.key=value ...] [--from-run RUN_DIR ...]
 
 For each recipe: `tformer train --config RECIPE` into runs/bench-RECIPE (or, with --from-run, one run folder
@@ -24,7 +24,7 @@ from collections import Counter
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import HERE, append_results  # noqa: E402
 
 from tformer.config import load_config  # noqa: E402

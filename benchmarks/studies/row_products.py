@@ -18,7 +18,7 @@ Each candidate's rate is its weights' bytes (in its own format) over the time of
 bandwidth measured in the same run (common.read_bandwidth, the same thread count). Candidates take turns,
 round after round.
 
-    python benchmarks/row_products.py [--rows 1 2 4 8] [--rounds 5] [--threads 2] [--record]
+    python benchmarks/studies/row_products.py [--rows 1 2 4 8] [--rounds 5] [--threads 2] [--record]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import read_bandwidth, report  # noqa: E402
 
 D, FFN, LAYERS, VOCAB = 512, 2048, 6, 58102

@@ -1,7 +1,7 @@
 """An Argos Translate package of a trained model against tformer itself: sacreBLEU of argostranslate's
 translations and of tformer's on the same test split.
 
-    python benchmarks/argos.py --checkpoint runs/m30k_quick [--split test] [--record]
+    python benchmarks/studies/argos.py --checkpoint runs/m30k_quick [--split test] [--record]
 
 The package is exported twice (`tformer export --format argos`: int8, the default, and float32), installed by
 the real argostranslate into a temporary home folder, and each test sentence is translated by
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import report  # noqa: E402
 
 import tformer  # noqa: E402

@@ -1,7 +1,7 @@
 """Lexically constrained beam search on a trained model: reference words given as constraints, how often the
 outputs hold them, what they do to BLEU, and what they cost in time, beside unconstrained beam search.
 
-    python benchmarks/constraints.py --checkpoint runs/m30k_quick [--split test] [--beam 5] [--rounds 2]
+    python benchmarks/studies/constraints.py --checkpoint runs/m30k_quick [--split test] [--beam 5] [--rounds 2]
         [--per-sentence 1 3] [--seed 0] [--record]
 
 Each sentence gets 1 to 3 words of its reference (seeded draw among the words with a letter, their
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import report  # noqa: E402
 
 import torch  # noqa: E402

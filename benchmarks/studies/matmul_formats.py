@@ -1,7 +1,7 @@
 """How much faster a bf16 matrix product runs than an fp32 one on this CPU: the figure tformer.precision and the
 docs quote for a CPU's bf16 units.
 
-    python benchmarks/matmul_formats.py [--threads 1] [--rows 1 32 256] [--record]
+    python benchmarks/studies/matmul_formats.py [--threads 1] [--rows 1 32 256] [--record]
 
 Times y = x W^T (F.linear, PyTorch's choice of library, and oneDNN with the weight prepacked, as
 tformer.model.matmul runs inference) in fp32 and bf16 for the layer shapes of a base Transformer (512 -> 512,
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import report  # noqa: E402
 
 SHAPES = [(512, 512), (512, 2048), (2048, 512), (512, 32000), (1024, 1024)]

@@ -2,7 +2,7 @@
 lexical shortlist, the same student in CTranslate2 int8 with the shortlist as its vocabulary map, and the same
 student recipe trained on the original data.
 
-    python benchmarks/distill.py --teacher runs/teacher --student runs/student --also "on the original data=runs/orig" \
+    python benchmarks/studies/distill.py --teacher runs/teacher --student runs/student --also "on the original data=runs/orig" \
         --shortlist runs/student/shortlist.safetensors [--rounds 3] [--record]
 
 Quality: sacreBLEU and chrF on the test split, beam 4, each run's own length penalty. Speed: every engine
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import report  # noqa: E402
 from ct2_worker import CT2Worker  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Training and decoding speed of each position scheme and modern block beside the default model, in one run.
 
-    python benchmarks/model_options_speed.py [--rounds 3] [--steps 10] [--record]
+    python benchmarks/studies/model_options_speed.py [--rounds 3] [--steps 10] [--record]
 
 The model is the textbook small one (d 256, 3+3 layers, 4 heads, FFN 1024, vocabulary 8k, SDPA kernel, dropout
 0.1); each option changes one setting. Training: updates (forward, label-smoothed loss, backward, Adam) on the
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import gemm_ceiling, report  # noqa: E402
 
 from tformer.api import build_model  # noqa: E402

@@ -1,7 +1,7 @@
 """The repetition penalty on a trained translation model: how often outputs repeat themselves, and what the
 penalty costs in BLEU, for each penalty, beside the references' own rates.
 
-    python benchmarks/repetition_penalty.py --checkpoint runs/m30k_quick [--penalties 1 1.1 1.2 1.5]
+    python benchmarks/studies/repetition_penalty.py --checkpoint runs/m30k_quick [--penalties 1 1.1 1.2 1.5]
         [--beams 1 5] [--split test] [--record]
 
 Repeats are counted on whitespace words of the detokenised outputs: an output with a word twice in a row ("die
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import report  # noqa: E402
 
 import tformer  # noqa: E402

@@ -1,7 +1,7 @@
 """Adaptive Universal Transformer against its references, trained end to end: vanilla vs UT at an equal wall
 time, and the graph (packed) UT vs the padded UT at an equal number of updates.
 
-    python benchmarks/universal.py sort speech multi30k [--steps 1500] [--minutes 6 10] [--eval-every N ...]
+    python benchmarks/studies/universal.py sort speech multi30k [--steps 1500] [--minutes 6 10] [--eval-every N ...]
         [--beam 5] [--overrides section.key=value ...] [--record]
 
 sort      the sort_universal recipe twice at the same update budget (--steps, default 1500; max_hours 0, the
@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import HERE, SHARED_DATA, report  # noqa: E402
 
 from tformer.config import load_config  # noqa: E402

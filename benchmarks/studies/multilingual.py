@@ -12,7 +12,7 @@ the same model).
         data.src_lang=en data.tgt_lang=fr          (and en-de, en-cs)
     tformer train --config multi30k_multi --run-dir runs/m2m train.threads=1 \\
         'data.pairs=[en-de,de-en,en-fr,fr-en,en-cs,cs-en,de-cs,cs-de,fr-cs,cs-fr]'
-    python benchmarks/multilingual.py --multi runs/multi --bilingual runs/bi_en-de runs/bi_en-fr runs/bi_en-cs \\
+    python benchmarks/studies/multilingual.py --multi runs/multi --bilingual runs/bi_en-de runs/bi_en-fr runs/bi_en-cs \\
         --m2m runs/m2m [--record]
 """
 
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import machine, report  # noqa: E402
 
 import tformer  # noqa: E402

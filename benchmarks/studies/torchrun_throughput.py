@@ -1,7 +1,7 @@
 """Training throughput under torchrun on this machine: 1 process with all threads against N processes with
 threads split between them (gloo), the same recipe and the same global batch.
 
-    python benchmarks/torchrun_throughput.py [--nproc 2] [--steps 40] [--record]
+    python benchmarks/studies/torchrun_throughput.py [--nproc 2] [--steps 40] [--record]
 
 Trains the multi30k_en_de recipe on ../shared/data/multi30k for --steps updates in each set-up, in turn,
 and reads source+target tokens/s from the run's metrics.jsonl (update time only; the first log window,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, append_results  # noqa: E402
 
 

@@ -3,7 +3,7 @@ run, side by side, the graph UT (model.attention: graph, a step computes the run
 padded UT (model.attention: sdpa, every position is computed until the batch's last one halts), with the same
 weights, at forced mean ponders of about 1, 2, 4 and max_steps (8).
 
-    python benchmarks/ut_ponder.py [--quick] [--record] [--threads 1] [--batches 2] [--tokens 3000] [--bucketed]
+    python benchmarks/studies/ut_ponder.py [--quick] [--record] [--threads 1] [--batches 2] [--tokens 3000] [--bucketed]
 
 Torch runs on one thread unless --threads says otherwise (see its help): the figures are ratios, side by side.
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, gemm_ceiling, report  # noqa: E402
 
 from tformer.config import DecodeConfig, ModelConfig  # noqa: E402

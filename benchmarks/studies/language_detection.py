@@ -3,7 +3,7 @@ restricted to the languages asked), on Multi30k test2016: each line of each lang
 languages given, the share detected right per language. Issue 65's target: >= 98% over English, German, French and
 Czech.
 
-    python benchmarks/language_detection.py [--languages en de fr cs] [--record]
+    python benchmarks/studies/language_detection.py [--languages en de fr cs] [--record]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, report  # noqa: E402
 
 from tformer.data.clean import ranking  # noqa: E402

@@ -1,7 +1,7 @@
 """Length generalisation: train on short sequences, test on longer ones, for every position scheme, vanilla and
 universal, on copy, reverse and sort.
 
-    python benchmarks/length_generalisation.py [--tasks copy reverse sort] [--schemes sinusoidal relative+rp ...]
+    python benchmarks/studies/length_generalisation.py [--tasks copy reverse sort] [--schemes sinusoidal relative+rp ...]
         [--models vanilla universal] [--seeds 1 2 3 4 5] [--steps 800] [--train-max 20] [--random-range 256]
         [--buckets 1-20 21-40 41-80 181-200] [--test-size 200] [--table-only] [--record]
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import HERE, report  # noqa: E402
 
 import tformer  # noqa: E402

@@ -2,7 +2,7 @@
 decoding step and a training batch give: why `sdpa_attention` hands fewer than SDPA_CPU_MIN_QUERIES queries
 to the dense kernel over many rows x heads (SDPA_CPU_DENSE_HEAD_ROWS), and SDPA over few.
 
-    python benchmarks/attention_kernels.py [--heads 4] [--dtype fp32|bf16] [--record]
+    python benchmarks/studies/attention_kernels.py [--heads 4] [--dtype fp32|bf16] [--record]
 
 Rows: hypotheses/sentences x 4 heads x queries x keys x 64 dims, half of them with a padding mask. Each
 shape is timed in alternating rounds (median of 7); the ratio is sdpa time / dense time (> 1: dense faster).
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import report  # noqa: E402
 
 from tformer.attention.kernels import SDPA_CPU_DENSE_HEAD_ROWS, SDPA_CPU_MIN_QUERIES, dense_attention  # noqa: E402

@@ -1,6 +1,6 @@
 """The copy task's attention over training: does the decoder learn to look at the matching source token?
 
-    python benchmarks/attention_over_training.py --run-dir runs/copy-attention [--figures docs/figures] [--record]
+    python benchmarks/studies/attention_over_training.py --run-dir runs/copy-attention [--figures docs/figures] [--record]
 
 Trains the copy recipe with train.attention_examples=2 into --run-dir (unless it already holds a finished
 run), then reads the recorded attention and prints, for every evaluation, the validation exact match and the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import append_results  # noqa: E402
 
 from tformer.config import load_config  # noqa: E402

@@ -1,6 +1,6 @@
 """Multi30k en-de: what each ingredient of the small-model recipe is worth, at an equal training budget.
 
-    python benchmarks/multi30k_ablation.py [--hours 1.6] [--parallel 2] [--seeds 3] [--base "+ EMA"]
+    python benchmarks/studies/multi30k_ablation.py [--hours 1.6] [--parallel 2] [--seeds 3] [--base "+ EMA"]
                                            [--len-penalty 0.6 1 1.5] [--record]
 
 Rows, each trained for the same wall-clock budget (`train.max_hours`) on one CPU thread, `--parallel` runs
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import HERE, report  # noqa: E402
 from multi30k_quality import candidates, scores, training_record, tuned  # noqa: E402
 

@@ -1,7 +1,7 @@
 """`tformer serve` throughput under N concurrent clients, several servers side by side taking turns: another
 checkout (before a change), this one, and this one with other flags (--precision bf16, --int8).
 
-    python benchmarks/serve_variants.py --checkpoint RUN [--before PATH] [--flags='--precision bf16' --flags=--int8]
+    python benchmarks/studies/serve_variants.py --checkpoint RUN [--before PATH] [--flags='--precision bf16' --flags=--int8]
                                         [--clients 16] [--requests 120] [--rounds 3] [--beam 4] [--record]
 
 Every server runs at once (each its own process, started the same way as benchmarks/serve_load.py does), and
@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, report  # noqa: E402
 from explorer_load import pct  # noqa: E402
 from serve_load import ROOT, answers, post, requests, run_clients, start_server, stop_server  # noqa: E402

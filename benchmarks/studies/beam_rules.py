@@ -4,7 +4,7 @@ candidate, exact stop), at several length penalties. For each: BLEU, mean output
 log-probability of the returned outputs (re-scored by forced decoding; with alpha 0 it is what beam search
 ranks by, and `all` never returns less), and time.
 
-    python benchmarks/beam_rules.py [--checkpoint runs/multi30k_en_de] [--beam 5] [--record]
+    python benchmarks/studies/beam_rules.py [--checkpoint runs/multi30k_en_de] [--beam 5] [--record]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/: common.py, shared scripts
 from common import SHARED_DATA, report  # noqa: E402
 
 import tformer  # noqa: E402
