@@ -1,6 +1,6 @@
 """Graph attention (packed, no padding) against padded dense attention, in one run: ratios, not absolutes.
 
-    python benchmarks/graph_attention.py [--sections kernels train window] [--rounds 2] [--flex] [--append]
+    python benchmarks/graph_attention.py [--sections kernels train window] [--rounds 2] [--flex] [--record]
 
 kernels  one attention call, forward + backward, attention dropout 0.1, on Multi30k token-budget batches
          (3000 tokens, SentencePiece BPE 6000 trained on the training split: the real length mix). Backends:
@@ -295,7 +295,8 @@ def main() -> None:
                    choices=("kernels", "train", "window"))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--flex", action="store_true", help="window: add compiled flex_attention forward times")
-    p.add_argument("--append", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    p.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append the tables to benchmarks/RESULTS.md (--append: the old spelling)")
     args = p.parse_args()
     tables = []
     if "kernels" in args.sections:
@@ -311,7 +312,7 @@ def main() -> None:
         t = bench_window(args.rounds, args.flex)
         print(t, flush=True)
         tables.append(f"Local window +-{WINDOW} vs dense attention, one sentence, forward + backward:\n\n" + t)
-    if args.append:
+    if args.record:
         append_results("Graph attention: packed graph vs padded dense", "\n\n".join(tables))
 
 

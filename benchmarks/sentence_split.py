@@ -1,6 +1,6 @@
 """Sentence splitters on real paragraphs: boundary precision/recall/F1, exact paragraphs, speed.
 
-    python benchmarks/sentence_split.py [--paragraphs 500] [--rounds 3] [--append]
+    python benchmarks/sentence_split.py [--paragraphs 500] [--rounds 3] [--record]
 
 A "real paragraph" is 2-6 consecutive lines of a corpus (seeded), joined with one space; the lines are the
 gold sentences. Corpora (shared/data): WMT newstest2013+2014 en/de (document-ordered news), Multi30k test2016
@@ -142,7 +142,8 @@ def main() -> None:
     ap.add_argument("--keep-unterminated", action="store_true",
                     help="keep paragraphs whose inner lines lack final punctuation (headlines)")
     ap.add_argument("--examples", type=int, default=2, help="errors to print per splitter and corpus")
-    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append the table to benchmarks/RESULTS.md (--append: the old spelling)")
     args = ap.parse_args()
 
     table = ["| corpus | lang | splitter | paragraphs | exact paragraphs | precision | recall | F1 | sentences/s |",
@@ -160,7 +161,7 @@ def main() -> None:
                 what = [f"split at `{show(text, a)}`" for a in extra] + [f"missed `{show(text, a)}`" for a in missed]
                 print(f"  {corpus} {lang} {name}: " + "; ".join(what[:3]), file=sys.stderr)
     report("Sentence splitting on real paragraphs (joined corpus lines)", table,
-           versions() + ".\n\n" + "; ".join(notes) + ".", args.append)
+           versions() + ".\n\n" + "; ".join(notes) + ".", args.record)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Training throughput: tformer against torch.nn.Transformer of the same size, on the same batches, in one run.
 
-    python benchmarks/train_throughput.py [--size small|base] [--steps 20] [--rounds 3] [--dropout 0.1] [--append]
+    python benchmarks/train_throughput.py [--size small|base] [--steps 20] [--rounds 3] [--dropout 0.1] [--record]
         [--variants reference reference-bf16 tformer tformer-bf16 tformer-compiled tformer-compiled-bf16]
         [--device cuda]
 
@@ -155,7 +155,8 @@ def main() -> None:
                     help="the models that take turns: -bf16 runs the forward under bf16 autocast (both models "
                          "alike); -compiled is train.compile (the first warm-up step compiles: its time is reported)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append the table to benchmarks/RESULTS.md (--append: the old spelling)")
     args = ap.parse_args()
     global D, H, LAYERS, FF
     D, H, LAYERS, FF = SIZES[args.size]
@@ -221,7 +222,7 @@ def main() -> None:
              f"padding is {100 * (1 - real / padded):.1f}% of the padded source+target positions"
              + (f"; the first step, compiling included: {', '.join(compiled)}" if compiled else "") + ".")
     print("\n" + table + "\n\n" + notes)
-    if args.append:
+    if args.record:
         append_results(f"Training throughput vs torch.nn.Transformer ({args.size}, dropout {args.dropout}"
                        + (f", {device.type}" if device.type != "cpu" else "") + ")", table, notes)
 

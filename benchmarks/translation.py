@@ -1,7 +1,7 @@
 """Translation quality and decoding speed of a trained run.
 
-    python benchmarks/translation.py quality RUN_DIR [--split test] [--beams 1 5] [--append]
-    python benchmarks/translation.py speed RUN_DIR [--batch-sizes 1 64] [--beams 1 5] [--limit N] [--append]
+    python benchmarks/translation.py quality RUN_DIR [--split test] [--beams 1 5] [--record]
+    python benchmarks/translation.py speed RUN_DIR [--batch-sizes 1 64] [--beams 1 5] [--limit N] [--record]
 
 quality: the run's best checkpoint (chosen on validation BLEU during training, never on test) decodes the
 split with each beam size; the table gives sacreBLEU (cased, 13a), chrF and tokenized BLEU (Moses
@@ -75,7 +75,7 @@ def quality(args) -> None:
              f"`{sigs.chrf_signature}`; tokenized BLEU `{sigs.tok_bleu_signature}`.\n\nModel: "
              f"{json.dumps(to_dict(cfg.model))}\n\nData: {json.dumps(to_dict(cfg.data))}")
     print("\n" + table + "\n\n" + notes)
-    if args.append:
+    if args.record:
         append_results(f"Translation quality: {Path(args.run).name}, {args.split}", table, notes)
 
 
@@ -103,7 +103,7 @@ def speed(args) -> None:
              f"kernel {cfg.model.attention}, max length {cfg.decode.max_len_a}*src+{cfg.decode.max_len_b}; "
              "tokens counted with </s>. One process, nothing else running.")
     print("\n" + table + "\n\n" + notes)
-    if args.append:
+    if args.record:
         append_results(f"Decoding speed: {Path(args.run).name}, {args.split}", table, notes)
 
 
@@ -117,7 +117,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64], help="speed: batch sizes")
     ap.add_argument("--limit", type=int, default=0, help="speed: first N sentences only")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("--record", "--append", dest="record", action="store_true",
+                    help="append the table to benchmarks/RESULTS.md (--append: the old spelling)")
     args = ap.parse_args()
     quality(args) if args.what == "quality" else speed(args)
 

@@ -25,7 +25,8 @@ extensions = [
     "tformer_docs",            # docs/_ext: config fields, recipes, the build's work folder, checks after the build
 ]
 
-exclude_patterns = ["_build", "**/.ipynb_checkpoints", "_ext", "README.md"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints", "_ext", "README.md",
+                    "results/headline.md"]  # included by results/index.md (and the README), not a page
 root_doc = "index"
 html_theme = "furo"
 html_title = "tformer"
