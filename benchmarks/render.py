@@ -1,5 +1,5 @@
-"""Render the results pages from the records: docs/results/<topic>.md, docs/results/index.md and the README's
-headline rows (docs/results/headline.md).
+"""Render the results pages from the records: docs/results/<topic>.md, docs/results/index.md and the headline
+rows (docs/results/headline.md, and the block that README.md and the docs' landing page quote, BLOCKS).
 
     python -m benchmarks render [--check]
 
@@ -151,6 +151,12 @@ def index_page(records: list[R.Record]) -> str:
     return "\n".join(lines)
 
 
+BLOCKS = {"README.md": "docs/results/", "docs/index.md": "results/"}  # the files quoting the headline rows, each
+# with its path to docs/results/; the rows stand between these two lines
+OPEN, CLOSE = "<!-- headline: written by `python -m benchmarks render` from benchmarks/records; do not edit by hand -->", \
+    "<!-- /headline -->"
+
+
 def render(records: list[R.Record]) -> dict[str, str]:
     """File name under docs/results/ -> its text."""
     check(records)
@@ -160,6 +166,20 @@ def render(records: list[R.Record]) -> dict[str, str]:
     return pages
 
 
+def quoted(text: str, table: str, where: str) -> str:
+    """`text` with the headline rows between its OPEN and CLOSE lines replaced by `table`."""
+    start, end = text.find(OPEN + "\n"), text.find(CLOSE)
+    if start < 0 or end < start:
+        raise ValueError(f"{where}: no headline block ({OPEN} ... {CLOSE}) to fill")
+    return text[: start + len(OPEN) + 1] + table + text[end:]
+
+
+def blocks(records: list[R.Record], root: Path = ROOT) -> dict[Path, str]:
+    """The files that quote the headline rows (BLOCKS), as they should read."""
+    return {root / name: quoted((root / name).read_text("utf-8"), headline(records, base), name)
+            for name, base in BLOCKS.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks render", description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=Path, default=R.root_from_env(), help="the records' folder")
@@ -167,17 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="fail when a page on disk differs from the records")
     args = ap.parse_args(argv)
     try:
-        pages = render(R.load_all(args.records))
-    except R.RecordError as e:
+        records = R.load_all(args.records)
+        files = {args.out / n: text for n, text in render(records).items()}
+        if args.out == PAGES:  # the real site: the README and the landing page quote the headline rows
+            files.update(blocks(records))
+    except (R.RecordError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    stale = [n for n, text in pages.items() if not (args.out / n).exists() or (args.out / n).read_text("utf-8") != text]
+    stale = [path for path, text in files.items() if not path.exists() or path.read_text("utf-8") != text]
     if args.check:
-        for n in stale:
-            print(f"{args.out / n}: differs from the records; run: python -m benchmarks render", file=sys.stderr)
+        for path in stale:
+            print(f"{path}: differs from the records; run: python -m benchmarks render", file=sys.stderr)
         return 1 if stale else 0
     args.out.mkdir(parents=True, exist_ok=True)
-    for n, text in pages.items():
-        (args.out / n).write_text(text, encoding="utf-8")
-    print(f"rendered {len(pages)} pages into {args.out} ({len(stale)} changed)")
+    for path, text in files.items():
+        path.write_text(text, encoding="utf-8")
+    print(f"rendered {len(files)} files ({len(stale)} changed): the pages in {args.out}"
+          + (", the headline rows in " + " and ".join(BLOCKS) if args.out == PAGES else ""))
     return 0

@@ -120,6 +120,18 @@ def test_rendering_is_deterministic_and_the_pages_are_the_records_rendering():
     assert not stale, f"docs/results/ differs from benchmarks/records/ in {stale}: run python -m benchmarks render"
 
 
+def test_the_readme_and_the_landing_page_quote_the_headline_rows_of_the_records():
+    records = R.load_all()
+    for path, want in render.blocks(records).items():
+        assert path.read_text(encoding="utf-8") == want, f"{path}: run python -m benchmarks render"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in readme.split(render.OPEN)[1].split(render.CLOSE)[0].splitlines() if line]
+    assert 3 <= len(rows) - 2 <= 8 and all("| AMD" in r or "| Intel" in r for r in rows[2:])  # <= 8, CPU named
+    for target in re.findall(r"\]\((docs/results/[^)#]+)#([^)]+)\)", "\n".join(rows)):
+        page = (ROOT / target[0]).read_text(encoding="utf-8")  # every link reaches a heading of its page
+        assert target[1] in {catalogue.slug(h) for h in headings(page)}, target
+
+
 def test_no_heading_repeats_across_the_topic_pages():
     pages = render.render(R.load_all())
     seen: dict[str, str] = {}

@@ -1,5 +1,5 @@
-"""The headline table of benchmarks/RESULTS.md: every link reaches a section of the file, and the README quotes
-the table as it stands there. Anchors follow GitHub's rule (as github-slugger computes them): lowercase,
+"""The headline table of benchmarks/RESULTS.md (the archive's own; the README quotes the records' since issue
+66, tests/test_results_records.py): every link reaches a section of the file. Anchors follow GitHub's rule (as github-slugger computes them): lowercase,
 characters other than letters, digits, spaces, '-' and '_' dropped, spaces made '-', and a repeated heading
 suffixed -1, -2, ... in order of appearance."""
 
@@ -11,7 +11,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-README = ROOT / "README.md"
 
 
 def slug(heading: str) -> str:
@@ -57,7 +56,3 @@ def test_every_headline_link_reaches_a_section():
     missing = sorted(set(targets) - anchors(text))
     assert not missing, f"headline links without a section in {RESULTS.name}: {missing}"
 
-
-def test_the_readme_quotes_the_headline_table():
-    quoted = [row.replace("](#", "](benchmarks/RESULTS.md#") for row in headline_rows(RESULTS.read_text("utf-8"))]
-    assert headline_rows(README.read_text(encoding="utf-8")) == quoted
