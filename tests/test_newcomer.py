@@ -5,6 +5,7 @@ what they wrote and what to run next; the corpus the docs start with is fetched 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,51 @@ def test_the_multi30k_download_copies_an_offline_copy_checked(tmp_path, shared_d
             assert got.read_bytes() == (shared_data / "multi30k" / got.name).read_bytes()
     assert "checksum ok" in r.stderr and str(shared_data) in r.stderr
     assert "now: tformer train --config multi30k_quick data.dir=data/multi30k" in r.stdout
+
+
+QUICK_DEMO = ["train.max_steps=30", "data.train_size=200", "data.valid_size=20", "data.test_size=20",
+              "data.symbols=6", "data.length_mean=5", "data.max_len=8", "train.eval_every=10", "model.d_model=32",
+              "model.d_ff=64", "train.attention_examples=0", "train.threads=1", "train.max_hours=0"]
+QUICK_TRAIN = ["train.max_steps=4", "train.eval_every=4", "train.threads=1"]
+
+
+def bash_commands(page: str, section: str | None = None) -> list[str]:
+    """The commands of a page's ```bash blocks (of one `## section`), comments and line continuations removed."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    if section is not None:
+        text = text[text.index(f"\n## {section}\n"):]
+        text = text[: text.find("\n## ", 1) if "\n## " in text[1:] else None]
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [re.sub(r"\s+#.*$", "", line).strip() for line in lines if line.strip()]
+
+
+@pytest.mark.slow  # whole commands, trainings among them
+def test_the_readmes_and_the_first_pages_commands_run_as_typed(tmp_path, shared_data):
+    """In a fresh folder and a shell that has only the documented activation (no PATH to tformer before it):
+    the README's set-up (its install lines aside: this environment is that install), demo and first model, and
+    the first-model page's commands, as written; the trainings get a few updates instead of their full budget
+    (overrides appended, the documented words kept)."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the documented activation needs the tests to run in a virtual environment (.venv)")
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    setup = bash_commands("README.md", "Set up")
+    activate = [c.strip() for c in setup[0].split("&&") if c.strip().startswith("source")]
+    assert activate == ["source .venv/bin/activate"] and setup[1].startswith("pip install")
+    assert setup[2] == "tformer demo"
+    first = bash_commands("README.md", "Five lines of Python")
+    assert [c.split()[:2] for c in first] == [["tformer", "data"], ["tformer", "train"], ["tformer", "translate"]]
+    page = (ROOT / "docs" / "start" / "first-model.md").read_text(encoding="utf-8")
+    page_train = re.search(r"`(tformer train --config multi30k_quick [^`]*)`", page).group(1)
+    page_data = bash_commands("docs/start/first-model.md")
+    assert page_data == [first[0]] and "data.dir=data/multi30k" in page_train
+    script = [activate[0], " ".join([setup[2], *QUICK_DEMO]), first[0], " ".join([first[1], *QUICK_TRAIN]),
+              f"echo 'A dog runs on the beach .' | {first[2]}", *page_data, " ".join([page_train, *QUICK_TRAIN])]
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if Path(p) != Path(sys.prefix) / "bin")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run(["bash", "-e", "-c", "\n".join(script)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=900, env={**env, "PATH": path, "TFORMER_SHARED_DATA": str(shared_data)})
+    assert r.returncode == 0, (script, r.stdout[-2000:], r.stderr[-3000:])
+    assert (tmp_path / "runs" / "m30k" / "checkpoints").is_dir()
+    assert (tmp_path / "runs" / "multi30k_quick" / "checkpoints").is_dir()
+    assert "next: tformer evaluate --checkpoint runs/m30k" in r.stdout

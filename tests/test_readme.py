@@ -73,3 +73,19 @@ def test_ci_runs_exactly_the_readmes_test_command():
     command = re.search(r"```bash\n(.*?)\n```", block, re.S).group(1).strip().splitlines()
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
     assert ci[-len(command):] == command and "pytest" in command[-1] and "set -euo pipefail" in ci
+
+
+def test_every_link_of_the_readme_resolves():
+    """Each relative link names a file of the repository and, with #anchor, a heading of it (GitHub's rule)."""
+    from test_results_table import anchors
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(links) >= 10
+    for link in links:
+        if link.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = link.partition("#")
+        assert (ROOT / path).exists(), link
+        if anchor:
+            assert anchor in anchors((ROOT / path).read_text(encoding="utf-8")), link
