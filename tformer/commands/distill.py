@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tformer.commands import common
 
@@ -67,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{report.sources}, {report.targets}: {report.lines:,} lines{again} in {report.seconds:.1f} s")
     if args.student:
         _student(args, teacher, report)
+    else:
+        print(f"next: train a student on it, e.g. tformer distill ... --student student_small (or tformer train "
+              f"--config student_small with data.dir at {Path(report.targets).parent})")
     return 0
 
 

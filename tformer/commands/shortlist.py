@@ -40,4 +40,6 @@ def run(args: argparse.Namespace) -> int:
     sizes = [len(shortlist.candidates(s)) for s in range(shortlist.source_vocab)]
     print(f"wrote {args.out}: {len(shortlist.frequent)} frequent target pieces, {sum(sizes):,} candidates for "
           f"{sum(1 for n in sizes if n):,} source pieces, from {shortlist.settings['pairs']:,} aligned pairs")
+    print(f"next: tformer translate --checkpoint {args.checkpoint} decode.shortlist={args.out}   (or tformer export "
+          f"--format ctranslate2 --shortlist {args.out} ...)")
     return 0
