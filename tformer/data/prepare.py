@@ -438,17 +438,17 @@ def _direction_tags(source: Source, tok: Tokenizer, languages: Languages | None)
     out, line = [], 1
     for name, count in source.directions:
         src, tgt = name.split("-")
-        ids = []
-        for piece in (languages.tag(src), languages.tag(tgt)):
-            ids.append(tok.vocab.encode([piece])[0])
-            if ids[-1] == Vocab.unk:
-                raise DataError(f"the tokenizer has no piece {piece} for direction {name}: prepare the corpus with a "
-                                "tokenizer trained for data.pairs (or add the direction to data.pairs before "
-                                "training)")
+        ids = {}
+        for lang in (src, tgt) if languages.tag_sides == "both" else (tgt,):  # Johnson et al.: no source token
+            ids[lang] = tok.vocab.encode([languages.tag(lang)])[0]
+            if ids[lang] == Vocab.unk:
+                raise DataError(f"the tokenizer has no piece {languages.tag(lang)} for direction {name}: prepare the "
+                                "corpus with a tokenizer trained for data.pairs (or add the direction to data.pairs "
+                                "before training)")
         if languages.tag_sides == "source":
-            out.append(DirectionTags(line, (ids[1],), ()))
+            out.append(DirectionTags(line, (ids[tgt],), ()))
         elif languages.tag(tgt) in getattr(tok, "controls", ()):
-            out.append(DirectionTags(line, (ids[0],), (ids[1],)))
+            out.append(DirectionTags(line, (ids[src],), (ids[tgt],)))
         else:
             raise DataError(f"data.tag_sides=both puts {languages.tag(tgt)} before the targets, but the tokenizer "
                             "would write it into the outputs' text: tags on both sides are for models imported "
