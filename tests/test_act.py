@@ -16,7 +16,7 @@ from tformer.config import ModelConfig, StructureConfig
 from tformer.model import build_model
 from tformer.model.act import ACT, Ponder
 
-from conftest import assert_follows_input_device
+from helpers.models import assert_follows_input_device
 
 
 def _halting_by_hand(ps: list[float], epsilon: float, max_steps: int) -> list[float]:

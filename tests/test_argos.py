@@ -21,7 +21,7 @@ import sentencepiece as spm  # noqa: E402
 from tformer.errors import CheckpointError, ConfigError  # noqa: E402
 from tformer.export import export_argos  # noqa: E402
 
-from test_serve import CHECKPOINT, LINES  # noqa: E402
+from helpers.serve import CHECKPOINT, LINES  # noqa: E402
 
 ARGOS = """
 import json, sys

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_follows_input_device
+from helpers.models import assert_follows_input_device
 from tformer.attention import KERNELS, MultiHeadAttention, dense_attention, get_kernel, sdpa_attention
 from tformer.attention import kernels as kernels_module
 from tformer.attention.graph import graph_attention

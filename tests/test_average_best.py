@@ -13,7 +13,7 @@ from tformer.cli import main
 from tformer.training.average import best_checkpoints
 from tformer.training.loop import train
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 
 def test_keep_best_keeps_the_best_validated_and_average_best_takes_them(tmp_path, capsys):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import tformer
-from test_constraints import constrained_paths, holds
-from test_search import cache_of, completes, plain_greedy, plain_paths, random_table, tables_step
+from helpers.search import (cache_of, completes, constrained_paths, holds, plain_greedy, plain_paths, random_table,
+                            tables_step)
 from tformer.config import DecodeConfig
 from tformer.decode import search
 from tformer.errors import DataError
@@ -81,7 +81,7 @@ def test_avoided_phrases_with_special_ids_are_refused():
 
 # ------------------------------------------------------------------------------------------ entry points
 
-from test_serve import CHECKPOINT, LINES, call, live  # noqa: E402
+from helpers.serve import CHECKPOINT, LINES, call, live  # noqa: E402
 
 SOURCES = LINES[:6]
 
@@ -154,7 +154,7 @@ def test_a_glossary_gives_a_term_one_wanted_rendering_and_any_number_to_avoid():
 
 
 def test_the_command_line_reads_avoided_phrases_from_a_file(v1, tmp_path):
-    from test_cli import tformer as cli
+    from helpers.cli import tformer as cli
 
     avoid = _words(v1)
     src, phrases = tmp_path / "in.txt", tmp_path / "avoid.txt"

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_follows_input_device, greedy_batch_ends
+from helpers.models import assert_follows_input_device
+from helpers.oracles import greedy_batch_ends
 from torch.nn.utils.rnn import pad_sequence
 
 from tformer.data.batching import (

@@ -13,8 +13,8 @@ from tformer.decode import TensorCache, filter_logits, length_penalty
 from tformer.inference import translate_ids
 from tformer.model import build_model
 
-from conftest import TEST_DEVICE, on_device
-from test_search import run_beam as beam_over, run_greedy, run_sample
+from helpers.models import TEST_DEVICE, on_device
+from helpers.search import run_beam as beam_over, run_greedy, run_sample
 
 pytestmark = pytest.mark.device
 EOS, BOS = Vocab.eos, Vocab.bos

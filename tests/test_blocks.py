@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_kernels_and_batching_agree, assert_steps_equal_full_forward, padded_batch
+from helpers.models import assert_kernels_and_batching_agree, assert_steps_equal_full_forward, padded_batch
 from tformer.api import build_model
 from tformer.attention import MultiHeadAttention
 from tformer.config import ModelConfig

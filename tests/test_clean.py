@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import SHARED_DATA
+from helpers.corpora import SHARED_DATA
 from tformer.data.clean import REASONS, CleanRules, clean_files
 from tformer.errors import ConfigError, DataError
 

@@ -8,16 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers.cli import tformer
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.encoder_layers=1",
         "model.decoder_layers=1", "data.symbols=6", "data.length_mean=5", "data.max_len=8",
         "data.train_size=200", "data.valid_size=20", "data.test_size=20", "train.epochs=2",
         "train.eval_every=0", "train.target_exact_match=0", "train.max_hours=0"]  # no wall-clock stop
-
-
-def tformer(*args, stdin=None, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "tformer", *map(str, args)], input=stdin, capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
 
 
 @pytest.fixture(scope="module")

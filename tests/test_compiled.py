@@ -12,7 +12,7 @@ import torch
 
 import tformer
 import tformer.model.compiled as compiled
-from hf_marian_models import make_folder
+from helpers.hf_marian_models import make_folder
 from tformer.errors import ConfigError
 
 
@@ -67,7 +67,7 @@ def test_what_the_compiled_step_does_not_cover_is_refused_with_the_reason(folder
         tformer.load(folder, device="cpu", compile=True, precision="bf16")
     with pytest.raises(ConfigError, match="decode.compile: an ensemble decodes eagerly"):
         tformer.load([folder, folder], device="cpu", compile=True)
-    from conftest import tiny_config
+    from helpers.models import tiny_config
     from tformer.model import build_model
 
     universal = build_model(tiny_config(kind="universal").model, 20, 20)
@@ -117,7 +117,7 @@ def test_searches_run_compiled_where_it_was_measured_faster(folder, monkeypatch)
 
 
 def test_a_server_of_a_compiled_model_says_so_and_translates_as_the_eager_one(folder):
-    from test_serve import call, live
+    from helpers.serve import call, live
 
     fast = tformer.load(folder, device="cpu", compile=True)
     fast.model.compiled_step.faster = (True,) * len(compiled.ROWS)

@@ -5,58 +5,15 @@ phrases decode as plain beam search whatever their batch holds; the automaton's 
 breadth-first search's."""
 
 import itertools
-import math
 
 import pytest
 import torch
 
-from test_search import BOS, EOS, RULE_PREFIX, cache_of, random_table, run_beam, tables_step
+from helpers.search import (BOS, EOS, RULE_PREFIX, cache_of, constrained_paths, holds, random_table, run_beam,
+                            shortest, tables_step)
 from tformer.config import DecodeConfig
-from tformer.decode import length_penalty, search
+from tformer.decode import search
 from tformer.decode.constraints import Constraints, _automaton, _distances, choose
-
-
-def holds(tokens, phrase):
-    n = len(phrase)
-    return any(tokens[i:i + n] == phrase for i in range(len(tokens) - n + 1))
-
-
-def shortest(phrases, prefix=()):
-    """The fewest tokens of an output that begins with `prefix` and holds every phrase, by trying every order of
-    the phrases and overlapping each with what came before as much as possible (what the automaton must find)."""
-    best = None
-    for order in itertools.permutations(phrases):
-        out = list(prefix)
-        for p in order:
-            if holds(out, p):
-                continue
-            k = max(j for j in range(len(p)) if j == 0 or out[-j:] == p[:j] if j <= len(out))
-            out += p[k:]
-        best = len(out) if best is None else min(best, len(out))
-    return best if best is not None else len(prefix)
-
-
-def constrained_paths(table, limit, alpha, rule, phrases, prefix=()):
-    """Every path through `table` that begins with the prefix, ends in </s> or is cut at the limit, and holds
-    every phrase; best first by the length-normalised score. The limit is raised to the shortest length that
-    holds the prefix and the phrases (and by the plain search's rule, to the prefix)."""
-    need = shortest(phrases, prefix)
-    limit, paths = max(limit, len(prefix), need), []
-
-    def walk(path, logp):
-        for tok, p in table.get(tuple(path), {EOS: 1.0}).items():
-            if len(path) < len(prefix) and tok != prefix[len(path)]:
-                continue
-            lp, size = logp + math.log(p), len(path) + 1
-            if tok == EOS or size == limit:
-                out = path if tok == EOS else path + [tok]
-                if all(holds(out, ph) for ph in phrases):
-                    paths.append((lp / length_penalty(size, alpha, rule), out))
-            else:
-                walk(path + [tok], lp)
-
-    walk([], 0.0)
-    return sorted(paths, key=lambda h: -h[0])
 
 
 def deep_table(seed, depth=7):

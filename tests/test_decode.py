@@ -17,8 +17,8 @@ from tformer.decode.sampling import top_p_mask
 from tformer.inference import batching, translate_ids
 from tformer.model import build_model
 
-from conftest import TEST_DEVICE, on_device
-from test_search import run_greedy
+from helpers.models import TEST_DEVICE, on_device
+from helpers.search import run_greedy
 
 pytestmark = pytest.mark.device
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from tformer.config import save_config
 from tformer.training.loop import train
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
 

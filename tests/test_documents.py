@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import tformer
-from test_markup import FIXTURES, _passed, _read, _tags
-from test_serve import CHECKPOINT, LINES, call, live
+from helpers.markup import FIXTURES, _passed, _read, _tags
+from helpers.serve import CHECKPOINT, LINES, call, live
 from tformer.documents import (Glossary, line_spans, prepare, translate_documents, word_alignment, word_attention,
                                word_of)
 from tformer.documents.sentences import split_sentences

@@ -18,7 +18,7 @@ from tformer.training.ema import EMA
 from tformer.training.loop import train
 from tformer.training.state import TrainerState
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 
 def _with(cfg, **train_fields):

@@ -13,7 +13,7 @@ from tformer.data import Vocab
 from tformer.model.ensemble import Ensemble
 from tformer.training.loop import train
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from tformer.export import export_ctranslate2, translate_ctranslate2
 from tformer.inference import load_model, translate_ids
 from tformer.training.loop import train
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 pytest.importorskip("ctranslate2", reason="pip install ctranslate2 (part of the test extra)")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from hf_marian_models import make_folder  # noqa: E402
+from helpers.hf_marian_models import make_folder  # noqa: E402
 
 import tformer  # noqa: E402
 import tformer.cli  # noqa: E402
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from conftest import SHARED_DATA, small_multi30k
+    from helpers.corpora import SHARED_DATA, small_multi30k
 
     root = tmp_path_factory.mktemp("ft")
     corpus = small_multi30k(SHARED_DATA, root / "m30k", n_train=400, n_eval=16)

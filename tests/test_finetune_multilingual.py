@@ -13,9 +13,9 @@ import torch
 
 pytest.importorskip("transformers")
 import tformer  # noqa: E402
-from test_import_m2m100 import make_folder as make_m2m100  # noqa: E402
-from test_import_nllb_mbart import CODES, TEXTS, check_outputs, hf_pair  # noqa: E402
-from test_import_nllb_mbart import make_folder as make_other  # noqa: E402
+from helpers.hf_m2m100_models import make_folder as make_m2m100  # noqa: E402
+from helpers.hf_nllb_mbart_models import CODES, TEXTS, check_outputs, hf_pair  # noqa: E402
+from helpers.hf_nllb_mbart_models import make_folder as make_other  # noqa: E402
 from tformer.errors import DataError  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from tformer.inference import load_model, translate_ids
 from tformer.model import build_model
 from tformer.training.loop import train
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 STRUCTURES = {
     "seed graphs": (StructureConfig(), StructureConfig()),

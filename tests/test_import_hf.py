@@ -15,7 +15,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from hf_marian_models import TAGS, make_folder  # noqa: E402
+from helpers.hf_marian_models import TAGS, make_folder  # noqa: E402
 
 import tformer  # noqa: E402
 import tformer.cli  # noqa: E402
@@ -305,7 +305,7 @@ def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folders, tmp
 def native_runs(tmp_path_factory):
     """tformer-trained translation models (a few updates on Multi30k): one joint vocabulary with one shared
     table, and separate vocabularies and tables."""
-    from conftest import SHARED_DATA, small_multi30k
+    from helpers.corpora import SHARED_DATA, small_multi30k
     from tformer.config import Config, DataConfig, ModelConfig, TrainConfig
     from tformer.training.loop import train
 
@@ -354,7 +354,7 @@ def test_a_tformer_model_exported_to_hugging_face_decodes_the_same_and_comes_bac
 
 
 def test_an_imported_model_serves_and_ensembles(folders, tmp_path):
-    from test_serve import call, live
+    from helpers.serve import call, live
 
     t = tformer.load(folders["opus-mt"], device="cpu")
     want = [x.text for x in t.translate(SOURCES[:2])]
@@ -408,7 +408,7 @@ def hf_mean_greedy(models, tok, source, limit):
 
 
 def test_the_guides_python_runs(tmp_path, monkeypatch, capsys):
-    from test_readme import python_blocks
+    from helpers.markdown import python_blocks
 
     blocks = python_blocks("docs/howto/pretrained.md")
     assert len(blocks) == 1

@@ -11,42 +11,12 @@ import pytest
 import torch
 
 import tformer
-from hf_marian_models import _spm, pieces, sentences
+from helpers.hf_m2m100_models import make_folder
 from tformer.errors import CheckpointError, DataError
 
 SOURCES = {"en": ["A dog runs on the beach.", "Two men are playing chess in a park.", "A girl."],
            "de": ["Ein Hund läuft am Strand.", "Zwei Männer spielen Schach."]}
 TARGETS = {"fr": ["Un chien court sur la plage.", "Deux hommes jouent aux échecs dans un parc.", "Une fille."]}
-
-
-def make_folder(path, *, seed: int = 0, d_model: int = 32, layers: int = 2, eos_lift: float = 7.0):
-    """A tiny M2M-100 folder: a SentencePiece model over English, German and French, fairseq's dictionary in
-    vocab.json, the 100 language tokens and 8 made-up words after it, random weights (layer norms too)."""
-    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer
-
-    path.mkdir(parents=True)
-    spm = _spm(sentences("en", 800) + sentences("de", 800) + sentences("fr", 800), 300)
-    (path / "sentencepiece.bpe.model").write_bytes(spm)
-    table = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    for p in pieces(spm)[3:]:
-        table.setdefault(p, len(table))
-    (path / "vocab.json").write_text(json.dumps(table, ensure_ascii=False), encoding="utf-8")
-    M2M100Tokenizer(str(path / "vocab.json"), str(path / "sentencepiece.bpe.model"), src_lang="en",
-                    tgt_lang="fr").save_pretrained(path)
-    cfg = M2M100Config(vocab_size=len(table) + 108, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
-                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * d_model,
-                       decoder_ffn_dim=2 * d_model, max_position_embeddings=128, dropout=0.0, init_std=0.3)
-    torch.manual_seed(seed)
-    model = M2M100ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():  # random everywhere, so that no mapping error hides behind a zero or a one
-        for name, p in model.named_parameters():
-            if "layer_norm" in name:
-                p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
-        eos = model.model.shared.weight[2]
-        model.model.decoder.layer_norm.bias += eos_lift * eos / eos.norm() ** 2  # </s>'s logit + eos_lift: outputs
-        # end at varied lengths
-    model.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -184,13 +154,13 @@ def test_import_then_export_gives_the_folder_back_tensor_for_tensor(folder, tmp_
         tok.src_lang = back_tok.src_lang = lang
         assert back_tok(SOURCES[lang])["input_ids"] == tok(SOURCES[lang])["input_ids"]
     with pytest.raises(Exception, match="not imported from an M2M-100, NLLB-200 or mBART-50 folder"):
-        from test_serve import CHECKPOINT
+        from helpers.serve import CHECKPOINT
 
         export("hf-m2m100", CHECKPOINT, tmp_path / "other")
 
 
 def test_a_server_routes_any_pair_of_its_languages(folder):
-    from test_serve import call, live
+    from helpers.serve import call, live
 
     t = tformer.load(folder, device="cpu")
     with live({"m2m": t}) as (_, url):

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 pytest.importorskip("transformers")
-from hf_marian_models import make_folder, make_marian_folder, marian_oracle, marian_table  # noqa: E402
+from helpers.hf_marian_models import make_folder, make_marian_folder, marian_oracle, marian_table  # noqa: E402
 
 import tformer  # noqa: E402
 import tformer.cli  # noqa: E402

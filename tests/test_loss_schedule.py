@@ -186,7 +186,7 @@ def test_bfloat16_logits_get_a_bfloat16_gradient_computed_in_float32():
 
 def test_losses_follow_their_inputs_device(monkeypatch):
     import tformer.training.loss as loss_mod
-    from conftest import assert_follows_input_device
+    from helpers.models import assert_follows_input_device
 
     monkeypatch.setattr(loss_mod, "CHUNK_ROWS", 4)
     gen = torch.nn.Linear(5, 9).double()

@@ -8,28 +8,15 @@ writes back byte for byte, with the input's multiset of tags+attributes, its pas
 words, in order, as its translatable text (whitespace aside: words that follow on as in the source keep its
 spacing); small cases are checked against their expected strings, and identity against the parsed input."""
 
-import collections
-import pathlib
 import re
 
-import lxml.etree
-import lxml.html
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.markup import FIXTURES, _is_pass, _passed, _read, _tags
 from tformer.documents.markup import parse_html
 from tformer.errors import DataError
-
-FIXTURES = sorted((pathlib.Path(__file__).parent / "fixtures" / "html").glob("*.html"))
-PASS = {"code", "pre", "script", "style", "kbd", "samp", "var", "textarea"}
-
-
-def _read(html: str):
-    """lxml's own reading: the root of a document, or a <div> around a fragment."""
-    if re.match(r"\s*<!doctype", html, re.IGNORECASE):
-        return lxml.html.document_fromstring(html)
-    return lxml.html.fragment_fromstring(html, create_parent="div")
 
 
 def _norm(text) -> str:
@@ -41,25 +28,6 @@ def _dom(el):
     tag = el.tag if isinstance(el.tag, str) else "<!---->"
     return (tag, sorted(el.attrib.items()) if isinstance(el.tag, str) else [], _norm(el.text),
             [_dom(c) for c in el], _norm(el.tail))
-
-
-def _is_pass(el) -> bool:
-    return not isinstance(el.tag, str) or el.tag in PASS or el.get("translate") == "no"
-
-
-def _tags(root) -> collections.Counter:
-    """Every element as (tag, attributes), comments as their text."""
-    return collections.Counter((el.tag, tuple(sorted(el.attrib.items()))) if isinstance(el.tag, str)
-                               else ("<!---->", el.text) for el in root.iter())
-
-
-def _passed(root) -> collections.Counter:
-    """Every pass-through element written out whole (without its tail)."""
-    out = collections.Counter()
-    for el in root.iter():
-        if _is_pass(el) and not any(_is_pass(a) for a in el.iterancestors()):
-            out[lxml.etree.tostring(el, encoding="unicode", method="html", with_tail=False)] += 1
-    return out
 
 
 def _letters(root) -> str:

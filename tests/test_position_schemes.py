@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from conftest import assert_kernels_and_batching_agree, assert_steps_equal_full_forward, padded_batch, tiny_config
+from helpers.models import (assert_kernels_and_batching_agree, assert_steps_equal_full_forward, padded_batch,
+                            tiny_config)
 from tformer.api import build_model
 from tformer.config import Config, ModelConfig
 from tformer.errors import ConfigError

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_follows_input_device
+from helpers.models import assert_follows_input_device
 from tformer.positions import (ALiBiBias, LearnedPositions, RandomPositions, RelativeBias, RelativeOnlyBias, Rotary,
                                SinusoidalPositions, TupeBias, alibi_slopes, build_attention_bias, build_positions,
                                clamp_positions, relative_bucket, rotary_angles, rotate, sinusoidal_table)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import tformer
-from conftest import REL
-from test_search import run_beam, run_greedy, run_sample
+from helpers.oracles import REL
+from helpers.search import run_beam, run_greedy, run_sample
 from tformer.api import format_translation
 from tformer.config import DecodeConfig, ModelConfig
 from tformer.data import Vocab

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from conftest import greedy_batch_ends, small_multi30k
+from helpers.corpora import small_multi30k
+from helpers.oracles import greedy_batch_ends
 from tformer.checkpoint import load_checkpoint
 from tformer.config import DataConfig
 from tformer.data import load_task

@@ -16,7 +16,7 @@ import string
 
 import pytest
 import torch
-from conftest import SCALE
+from helpers.profiles import SCALE
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 

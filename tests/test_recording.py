@@ -16,7 +16,7 @@ from tformer.viz.attention import KINDS, attention_maps
 from tformer.viz.curves import plot_curves
 from tformer.viz.record import animate_attention, animate_head_grid, animate_steps, load_recording
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 
 def _with(cfg, **train):

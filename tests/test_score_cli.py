@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tformer
-from conftest import REL, assert_same_scores
+from helpers.oracles import REL, assert_same_scores
 from tformer.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,6 @@ import gzip
 import itertools
 import json
 import logging
-import os
-import re
 import shutil
 import signal
 import socket
@@ -31,39 +29,15 @@ from pathlib import Path
 import pytest
 
 import tformer
+from helpers.serve import CHECKPOINT, LINES, _start, _wait, call, live
 from tformer.serve import Server, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-V1 = ROOT / "tests" / "fixtures" / "checkpoint_v1"
-CHECKPOINT = V1 / "checkpoint"
-LINES = (V1 / "input.en").read_text(encoding="utf-8").splitlines()  # 20 sentences, "a", "", one more
 
 
 @pytest.fixture(scope="module")
 def translator():
     return tformer.load(CHECKPOINT, device="cpu")
-
-
-def _wait(predicate, seconds: float = 20.0) -> None:
-    end = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.01)
-
-
-@contextlib.contextmanager
-def live(translator, **settings):
-    """An in-process server on 127.0.0.1, any free port: yields (server, base URL)."""
-    server = Server(translator, "127.0.0.1", 0, Settings(**settings))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    _wait(lambda: server.started)
-    try:
-        yield server, server.url.rstrip("/")
-    finally:
-        server.stop()
-        thread.join(30)
-        assert not thread.is_alive()
 
 
 @pytest.fixture(scope="module")
@@ -72,26 +46,6 @@ def server(translator):
     with live(translator, max_sentences=8, max_chars=200, max_tokens=40, max_beam=6, max_nbest=4,
               max_body=16 * 1024, max_queue=64) as s:
         yield s
-
-
-def _decoded(data: bytes):
-    try:
-        return json.loads(data)
-    except ValueError:
-        return {"error": data.decode("utf-8", "replace")}
-
-
-def call(url: str, path: str, body=None, *, raw: bytes | None = None, content_type: str = "application/json",
-         headers: dict | None = None, method: str | None = None, timeout: float = 60):
-    """(status, decoded JSON answer, headers)."""
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    head = {"Content-Type": content_type} if data is not None else {}
-    req = urllib.request.Request(url + path, data=data, method=method, headers={**head, **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, _decoded(r.read()), r.headers
-    except urllib.error.HTTPError as e:
-        return e.code, _decoded(e.read()), e.headers
 
 
 def expected(translator, sources, beam=None, nbest=None, prefix=None, alignment=False):
@@ -600,19 +554,6 @@ def test_binding_beyond_loopback_without_a_key_warns(translator, caplog):
 
 
 # ------------------------------------------------------------------------------------------ the command
-
-
-def _start(*options: str, env: dict | None = None, checkpoint: Path = CHECKPOINT, cwd: Path | None = None
-           ) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tformer", "serve", "--checkpoint", str(checkpoint), "--port", "0",
-                             *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, cwd=cwd)
-    line = proc.stdout.readline()
-    match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-    if not match:
-        proc.kill()
-        pytest.fail(line + proc.stderr.read())
-    return proc, f"http://127.0.0.1:{match.group(1)}"
 
 
 def test_sigterm_answers_every_accepted_request_then_exits(translator):

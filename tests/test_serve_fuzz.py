@@ -19,13 +19,13 @@ import typing
 
 import pytest
 import schemathesis
-from conftest import SCALE
+from helpers.profiles import SCALE
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.config._checks import NegativeDataRejectionConfig
 from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
                                                response_schema_conformance, status_code_conformance)
-from test_serve import CHECKPOINT, call, live
+from helpers.serve import CHECKPOINT, call, live
 
 import tformer
 from tformer.config import DecodeConfig

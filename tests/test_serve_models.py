@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 import tformer
-from test_explore import BROWSER_ARGS, CHROMIUM, _browser
-from test_serve import CHECKPOINT, LINES, call, live
+from helpers.browser import BROWSER_ARGS, CHROMIUM, _browser
+from helpers.serve import CHECKPOINT, LINES, call, live
 from tformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from tformer.serve import Settings
 from tformer.serve.models import Models
@@ -32,7 +32,7 @@ def _relabelled(folder, src: str, tgt: str):
 @pytest.fixture(scope="module")
 def translators(tmp_path_factory, shared_data):
     """en -> de, de -> en (the fixture, relabelled) and a multilingual en -> {fr, cs} trained here."""
-    from test_multilingual import LANGS, _lines
+    from helpers.multilingual import LANGS, _lines
 
     root = tmp_path_factory.mktemp("models")
     corpus = root / "corpus"

@@ -19,8 +19,8 @@ import threading
 import time
 
 import pytest
-from conftest import REL
-from test_serve import CHECKPOINT, LINES, _start, _wait, call, live
+from helpers.oracles import REL
+from helpers.serve import CHECKPOINT, LINES, _start, _wait, call, live
 
 import tformer
 from tformer.serve import Settings

@@ -14,7 +14,7 @@ from tformer.training.batches import SubwordSampling
 from tformer.training.loop import train
 from tformer.training.state import TrainerState
 
-from conftest import SHARED_DATA, small_multi30k
+from helpers.corpora import SHARED_DATA, small_multi30k
 
 
 @pytest.fixture(scope="module")

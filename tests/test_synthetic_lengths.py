@@ -18,7 +18,7 @@ from tformer.data import load_pairs, load_task
 from tformer.data.synthetic import exact_match_by_length, synthetic_split
 from tformer.errors import ConfigError, DataError
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 # written by the generator before data.length_distribution and test_uniform existed (Normal lengths only)
 SMALL = DataConfig(task="sort", symbols=6, length_mean=5, length_std=2, max_len=8, train_size=4, valid_size=3,

@@ -13,7 +13,7 @@ from tformer.training import threads
 from tformer.training.limits import Clock
 from tformer.training.loop import train
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 
 def _with(cfg, **train):

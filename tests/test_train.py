@@ -14,7 +14,7 @@ from tformer.data import Vocab, collate
 from tformer.model import build_model
 from tformer.training.loop import train, train_step_loss
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 
 def _with(cfg, **train):

@@ -23,8 +23,8 @@ from tformer.model import build_model
 from tformer.training.loop import train
 from tformer.training.precision import cpu_choice
 
-from conftest import tiny_config
-from test_faults import EVENTS_PER_WRITE, _final_weights, _records, _start
+from helpers.faults import EVENTS_PER_WRITE, _final_weights, _records, _start
+from helpers.models import tiny_config
 
 pytestmark = pytest.mark.slow  # whole training runs, one of them compiled (about a minute the first time)
 
@@ -148,7 +148,7 @@ def test_the_compiled_forward_keeps_one_graph_for_batches_of_any_size_and_length
     torch's limit). Sizes of 1 are left out: dynamo specialises those by design."""
     from torch._dynamo.utils import counters
 
-    from conftest import padded_batch
+    from helpers.models import padded_batch
 
     model = build_model(tiny_config().model, 20, 20)
     compiled = torch.compile(model, backend="eager", dynamic=True)  # dynamo alone: the guards, not the code

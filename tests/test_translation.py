@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from conftest import bleu_by_definition, small_multi30k
+from helpers.corpora import small_multi30k
+from helpers.oracles import bleu_by_definition
 from tformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from tformer.data import load_task
 from tformer.metrics import moses_tokenize, translation_scores
@@ -26,7 +27,7 @@ def _data_cfg(folder, **kw):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from conftest import SHARED_DATA
+    from helpers.corpora import SHARED_DATA
 
     if not (SHARED_DATA / "multi30k" / "train.en.gz").exists():
         pytest.skip(f"real corpora not found in {SHARED_DATA}; set TFORMER_SHARED_DATA")

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from test_search import run_beam, run_greedy
+from helpers.search import run_beam, run_greedy
 from tformer.attention.graph import graph_attention
 from tformer.attention.kernels import dense_attention
 from tformer.config import ConfigError, ModelConfig

@@ -12,7 +12,7 @@ from tformer.model import build_model
 from tformer.model.act import ACT
 from tformer.training.loop import train, train_step_loss
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 
 
 def _ut(max_steps=6, bias=-1.0, **kw):

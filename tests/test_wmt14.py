@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import bleu_by_definition
+from helpers.oracles import bleu_by_definition
 from tformer.cli import main
 from tformer.data import download
 from tformer.data.download import (WMT14_ARCHIVES, WMT14_LAYOUT, Archive, download_wmt14, sgml_segments,

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(os.environ.get("TFORMER_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "multi30k"
+from helpers import ROOT
+
+DATA = Path(os.environ.get("TFORMER_SHARED_DATA", ROOT.parent / "shared" / "data")) / "multi30k"
 TAGS = (">>deu<<", ">>fra<<")
 
 
