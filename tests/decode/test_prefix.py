@@ -301,7 +301,7 @@ def test_every_draw_begins_with_its_prefix_and_seeded_draws_are_batch_invariant(
 # ----------------------------------------------------------------------------- prefix files and streams
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 V1 = ROOT / "tests" / "fixtures" / "checkpoint_v1"
 
 

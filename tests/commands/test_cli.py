@@ -10,7 +10,7 @@ import yaml
 
 from helpers.cli import tformer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.encoder_layers=1",
         "model.decoder_layers=1", "data.symbols=6", "data.length_mean=5", "data.max_len=8",
         "data.train_size=200", "data.valid_size=20", "data.test_size=20", "train.epochs=2",

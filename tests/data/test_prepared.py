@@ -34,7 +34,7 @@ from tformer.data.translation import read_split, train_tokenizers
 from tformer.errors import ConfigError, DataError
 from tformer.training.state import TrainerState
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

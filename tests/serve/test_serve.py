@@ -32,7 +32,7 @@ import tformer
 from helpers.serve import CHECKPOINT, LINES, _start, _wait, call, live
 from tformer.serve import Server, Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

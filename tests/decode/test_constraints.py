@@ -139,7 +139,7 @@ from pathlib import Path  # noqa: E402
 import tformer  # noqa: E402
 from tformer.errors import ConfigError, DataError  # noqa: E402
 
-V1 = Path(__file__).resolve().parent / "fixtures" / "checkpoint_v1"
+V1 = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint_v1"
 LINES = (V1 / "input.en").read_text(encoding="utf-8").splitlines()[:6]
 WANTED = [["CAT"], ["BIG WOMAN", "MAN"], None, ["RED DOG"], ["EATS", "SMALL", "A"], []]
 

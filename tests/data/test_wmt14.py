@@ -404,7 +404,7 @@ def test_the_wmt14_recipe_runs_end_to_end_on_a_cpu(shared_data, tmp_path):
         (data / f"train.{lang}").write_text("".join(dev[:2000]), encoding="utf-8")
         (data / f"newstest2013.{lang}").write_text("".join(dev[2000:2030]), encoding="utf-8")
         (data / f"newstest2014.{lang}").write_text("".join(test[:30]), encoding="utf-8")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
 
     def cli(*args):
         r = subprocess.run([sys.executable, "-m", "tformer", *map(str, args), "--no-progress"], capture_output=True,

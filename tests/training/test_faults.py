@@ -35,7 +35,7 @@ from helpers.models import tiny_config
 
 pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check_latest_loads(run: Path) -> int | None:

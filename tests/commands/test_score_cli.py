@@ -17,7 +17,7 @@ import tformer
 from helpers.oracles import REL, assert_same_scores
 from tformer.errors import ConfigError, DataError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 V1 = ROOT / "tests" / "fixtures" / "checkpoint_v1"
 LINES = (V1 / "input.en").read_text(encoding="utf-8").splitlines()
 TARGETS = ["DOG", "", "A BIG RED DOG", "MAN MAN", "CAT RUNS", "SMALL", "THE WOMAN EATS", "RED"]
