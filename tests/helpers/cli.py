@@ -6,6 +6,7 @@ import sys
 
 from helpers import ROOT
 
+
 def tformer(*args, stdin=None, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "tformer", *map(str, args)], input=stdin, capture_output=True,
                           text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)

@@ -8,6 +8,7 @@ import torch
 
 from helpers.hf_marian_models import _spm, pieces, sentences
 
+
 def make_folder(path, *, seed: int = 0, d_model: int = 32, layers: int = 2, eos_lift: float = 7.0):
     """A tiny M2M-100 folder: a SentencePiece model over English, German and French, fairseq's dictionary in
     vocab.json, the 100 language tokens and 8 made-up words after it, random weights (layer norms too)."""
