@@ -39,7 +39,7 @@ def small_folder(out: Path) -> Path:
     """A random MarianMT folder of the `student_small` shape (d 128, 3+3 layers, 4 heads, FFN 512, an 11,625
     table), built with the tests' builder as `decoding_peers.opus_base_folder` is."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from hf_marian_models import make_folder
+    from helpers.hf_marian_models import make_folder
 
     return make_folder(out, seed=0, d_model=128, layers=3, heads=4, ffn=512, src_size=6000, tgt_size=6000,
                        vocab_size=11624, n_sentences=29000, init_std=0.02, eos_bias=0.0, drop_piece=None)

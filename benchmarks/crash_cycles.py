@@ -1,5 +1,5 @@
 """Kill/resume cycles: how many crashes a training run survives with results identical to an uninterrupted
-run (the long version of tests/test_faults.py).
+run (the long version of tests/training/test_faults.py).
 
     python benchmarks/crash_cycles.py [--runs 3] [--steps 200] [--seed 0] [--record]
 

@@ -74,7 +74,7 @@ def decoder_flops_per_token(cfg, vocab: int, src_len: float, tgt_len: float) -> 
 def opus_base_folder(out: Path) -> Path:
     """A random OPUS-MT-base-shaped Hugging Face folder (see --opus-base), built with the tests' builder."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from hf_marian_models import make_folder
+    from helpers.hf_marian_models import make_folder
 
     return make_folder(out, seed=0, d_model=512, layers=6, heads=8, ffn=2048, src_size=6000, tgt_size=6000,
                        vocab_size=58101, n_sentences=29000, init_std=0.02, eos_bias=0.0, drop_piece=None)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tformer
-from conftest import REL, assert_same_scores
+from helpers.oracles import REL, assert_same_scores
 from tformer.config import DecodeConfig
 from tformer.data import Vocab
 from tformer.errors import CheckpointError, ConfigError, DataError, TformerError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bleu_by_definition
+from helpers.oracles import bleu_by_definition
 from tformer.cli import main
 from tformer.metrics import moses_tokenize, translation_scores
 

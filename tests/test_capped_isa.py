@@ -18,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPPED = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-ORACLES = ["test_attention.py", "test_attention_kernels.py", "test_decode.py", "test_decode_kernels.py",
-           "test_beam.py", "test_search.py", "test_precision.py"]
+ORACLES = ["attention/test_attention.py", "attention/test_attention_kernels.py", "decode/test_decode.py",
+           "decode/test_decode_kernels.py", "decode/test_beam.py", "decode/test_search.py", "test_precision.py"]
 
 
 def test_the_attention_decoding_and_precision_oracles_pass_on_avx2_kernels():

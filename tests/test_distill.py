@@ -15,7 +15,7 @@ import tformer
 from tformer.distill import distill_corpus, pick
 from tformer.errors import ConfigError, DataError
 
-from test_serve import CHECKPOINT, LINES
+from helpers.serve import CHECKPOINT, LINES
 
 SOURCES = LINES[:7] + [""] + LINES[7:12]  # an empty line stays an empty line
 REFS = [line.upper() for line in SOURCES]  # the checkpoint's "German" is its input in capitals

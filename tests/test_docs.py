@@ -184,7 +184,7 @@ def served(site):
 def test_pages_in_a_real_browser(served, page, figures):
     """Chromium opens the page from the site (nothing else reachable: any request off the loopback server fails
     the test), every image decodes, the page has its figures, and a screenshot is kept for people to look at."""
-    from test_explore import BROWSER_ARGS, CHROMIUM, _browser
+    from helpers.browser import BROWSER_ARGS, CHROMIUM, _browser
 
     sync_playwright = _browser()
     requests, errors = [], []

@@ -9,7 +9,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -30,11 +29,11 @@ from tformer.serve import Server
 from tformer.training.loop import train
 from tformer.viz.attention import KINDS, attention_maps
 
-from conftest import tiny_config
+from helpers.browser import BROWSER_ARGS, CHROMIUM, _browser
+from helpers.models import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("TFORMER_TEST_ARTIFACTS", ROOT / "test-artifacts"))
-CHROMIUM = os.environ.get("TFORMER_CHROMIUM", "/usr/bin/chromium")
 
 
 def _train(path, epochs=3, **model):
@@ -220,21 +219,6 @@ def test_command_serves_on_loopback_and_checks_its_options(run):
 
 
 # ------------------------------------------------------------------------------------------ a real browser
-
-
-def _browser():
-    if os.environ.get("TFORMER_SKIP_BROWSER") == "1":
-        pytest.skip("TFORMER_SKIP_BROWSER=1")
-    if not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None:
-        pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's chromium (the README's test command does), set "
-                    "TFORMER_CHROMIUM to another Chromium, or TFORMER_SKIP_BROWSER=1 to leave this test out")
-    from playwright.sync_api import sync_playwright
-
-    return sync_playwright
-
-
-BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def _open(p, url, errors=None, **page_options):

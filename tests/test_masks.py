@@ -33,7 +33,7 @@ def test_decoder_mask_is_causal_and_hides_padding():
 
 import pytest  # noqa: E402
 
-from conftest import assert_follows_input_device  # noqa: E402
+from helpers.models import assert_follows_input_device  # noqa: E402
 from tformer.masks import (Graph, PositionBias, Segments, bipartite_graph, graph_from_mask,  # noqa: E402
                            packed_positions, self_graph)
 from tformer.structures import FULL  # noqa: E402

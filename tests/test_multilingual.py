@@ -7,12 +7,12 @@ import io
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import sacrebleu
 
+from helpers.multilingual import LANGS, _lines
 from tformer.checkpoint import validation_key
 from tformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, load_config
 from tformer.data import load_task
@@ -20,13 +20,7 @@ from tformer.data.corpus import normalize
 from tformer.errors import ConfigError, DataError
 from tformer.languages import Directions, language_tags, sampled
 
-LANGS = ("en", "de", "fr", "cs")
 N_TRAIN, N_EVAL = 300, 24
-
-
-def _lines(folder: Path, split: str, lang: str) -> list[str]:
-    with gzip.open(folder / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from tformer.inference import score_ids, translate_ids
 from tformer.model import build_model, matmul
 from tformer.precision import for_inference
 
-from conftest import TEST_DEVICE, on_device
+from helpers.models import TEST_DEVICE, on_device
 
 pytestmark = pytest.mark.device
 

@@ -2,7 +2,7 @@
 generated ones. Each property states its oracle: a round trip, a brute-force recomputation, a run on a
 smaller batch, or "a result or a ValueError naming the file, never anything else".
 
-Profiles (tests/conftest.py): `ci` (default; derandomized, so CI runs are reproducible), `random` (the same
+Profiles (tests/helpers/profiles.py): `ci` (default; derandomized, so CI runs are reproducible), `random` (the same
 counts drawn afresh; --hypothesis-seed=N repeats a run) and `long` (random, 20x the examples):
     HYPOTHESIS_PROFILE=long pytest tests/test_properties.py --hypothesis-show-statistics
 """
@@ -16,7 +16,7 @@ import string
 
 import pytest
 import torch
-from conftest import SCALE
+from helpers.profiles import SCALE
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 

@@ -8,19 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.markdown import python_blocks
+
 pytestmark = pytest.mark.slow  # integration runs of whole commands: `pytest -m "not slow"` skips them
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def python_blocks(page: str, section: str | None = None) -> list[str]:
-    """The ```python blocks of a Markdown file of the repository (of one `## section` of it, if named)."""
-    text = (ROOT / page).read_text(encoding="utf-8")
-    if section is not None:
-        start = text.index(f"\n## {section}\n")
-        end = text.find("\n## ", start + 1)
-        text = text[start:end if end >= 0 else None]
-    return re.findall(r"```python\n(.*?)```", text, re.S)
 
 
 def test_the_readmes_python_runs(tmp_path, monkeypatch, capsys):

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import catalogue, records as R, render  # noqa: E402
-from test_results_table import anchors  # noqa: E402
+from helpers.markdown import anchors  # noqa: E402
 
 ZEN4 = R.Cpu("AMD EPYC", "AMD Zen 4", ("avx2", "avx512f"))
 

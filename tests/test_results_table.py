@@ -6,30 +6,12 @@ suffixed -1, -2, ... in order of appearance."""
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
+
+from helpers.markdown import anchors, slug
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-
-
-def slug(heading: str) -> str:
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-
-
-def anchors(markdown: str) -> set[str]:
-    seen: Counter[str] = Counter()
-    found = set()
-    in_code = False
-    for line in markdown.splitlines():
-        if line.startswith("```"):
-            in_code = not in_code
-        m = None if in_code else re.match(r"#{1,6} (.+)", line)
-        if m:
-            base = slug(m.group(1))
-            found.add(base if not seen[base] else f"{base}-{seen[base]}")
-            seen[base] += 1
-    return found
 
 
 def headline_rows(markdown: str) -> list[str]:

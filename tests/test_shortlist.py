@@ -28,8 +28,8 @@ from tformer.model.output import restricted_linear
 from tformer import shortlist as shortlist_module
 from tformer.shortlist import SPECIALS, Shortlist, build_shortlist, restrict
 
-from conftest import tiny_config
-from test_serve import CHECKPOINT, LINES
+from helpers.models import tiny_config
+from helpers.serve import CHECKPOINT, LINES
 
 pytest.importorskip("eflomal", reason="pip install eflomal (part of the test extra)")
 

@@ -65,7 +65,7 @@ def main() -> None:
     table += [f"| {name} | {v:,.0f} | {v / base:.2f}x |" for name, v in rows]
     notes = (f"the multi30k_en_de recipe, {args.steps} updates each, {cores} cores, torch {torch.__version__}; "
              "the eval at the end is not counted. Both see the same batches per update (the torchrun run's "
-             "parameters equal the single process's: tests/test_distributed.py).")
+             "parameters equal the single process's: tests/training/test_distributed.py).")
     print("\n".join(table) + "\n" + notes)
     if args.record:
         append_results(f"torchrun: {args.nproc} processes on this machine", "\n".join(table), notes)
