@@ -69,7 +69,7 @@ def test_ci_runs_exactly_the_readmes_test_command():
 
 def test_every_link_of_the_readme_resolves():
     """Each relative link names a file of the repository and, with #anchor, a heading of it (GitHub's rule)."""
-    from test_results_table import anchors
+    from helpers.markdown import anchors
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     links = re.findall(r"\]\(([^)\s]+)\)", text)
