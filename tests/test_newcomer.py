@@ -118,7 +118,8 @@ def bash_commands(page: str, section: str | None = None) -> list[str]:
         text = text[: text.find("\n## ", 1) if "\n## " in text[1:] else None]
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
-    return [re.sub(r"\s+#.*$", "", line).strip() for line in lines if line.strip()]
+    commands = (re.sub(r"(^|\s+)#.*$", "", line).strip() for line in lines)
+    return [command for command in commands if command]  # a comment on a line of its own is no command
 
 
 @pytest.mark.slow  # whole commands, trainings among them
