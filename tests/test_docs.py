@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-pytestmark = pytest.mark.slow  # builds the site and trains its models: `pytest -m "not slow"` skips it
+slow = pytest.mark.slow  # builds the site and trains its models: `pytest -m "not slow"` skips them
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "docs"
@@ -51,6 +51,7 @@ def site(tmp_path_factory, shared_data) -> Path:
     return out
 
 
+@slow
 def test_every_notebook_page_executed(site):
     report = json.loads((site / "_tformer" / "execution.json").read_text(encoding="utf-8"))
     assert len(TUTORIALS) == 8, TUTORIALS
@@ -141,17 +142,20 @@ def broken_links(site: Path) -> tuple[list, int]:
     return broken, n
 
 
+@slow
 def test_no_asset_is_loaded_from_outside_the_site(site):
     found = outside_assets(site)
     assert not found, found[:20]
 
 
+@slow
 def test_every_internal_link_and_anchor_resolves(site):
     broken, n = broken_links(site)
     assert n > 1000, n  # the check looked at the whole site
     assert not broken, broken[:30]
 
 
+@slow
 def test_the_checks_catch_what_they_look_for(tmp_path):
     """The link and asset checks above find a broken anchor, a missing page and a CDN script, and nothing else."""
     (tmp_path / "a.html").write_text('<p id="x"></p><a href="b.html#y">b</a><a href="c.html">c</a>'
@@ -179,6 +183,7 @@ def served(site):
     server.shutdown()
 
 
+@slow
 @pytest.mark.parametrize("page, figures", [("tutorials/04-message-passing", 3), ("tutorials/05-universal", 2),
                                            ("reference/api", 0)])
 def test_pages_in_a_real_browser(served, page, figures):
@@ -219,6 +224,7 @@ def test_pages_in_a_real_browser(served, page, figures):
     assert all(u.startswith(served) or u.startswith("data:") for u in requests), requests
 
 
+@slow
 def test_the_reference_is_generated_from_the_code(site):
     """Every config key, every command and every packaged recipe has its entry, as the code has them now."""
     import dataclasses
@@ -243,6 +249,7 @@ def test_the_reference_is_generated_from_the_code(site):
         assert f'id="recipe-{recipe.stem}"' in recipes, recipe.stem
 
 
+@slow
 def test_a_build_without_the_corpus_says_where_to_get_it(tmp_path):
     """No Multi30k where the build looks: it stops before executing anything, naming the folder and the fix."""
     env = {**os.environ, "TFORMER_SHARED_DATA": str(tmp_path / "nowhere"), "TFORMER_DOCS_WORK": str(tmp_path / "w")}
@@ -252,3 +259,36 @@ def test_a_build_without_the_corpus_says_where_to_get_it(tmp_path):
     assert f"{tmp_path / 'nowhere'}/multi30k" in r.stderr and "tformer data multi30k" in r.stderr
     assert "Traceback" not in r.stderr and "sphinx-doc/sphinx/issues" not in r.stderr, r.stderr  # one line
     assert not (tmp_path / "w" / "runs").exists() or not any((tmp_path / "w" / "runs").iterdir())
+
+
+PAGE_WIDTH = 88  # the widest code line a page shows without scrolling sideways inside its box
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})(.*)$")
+
+
+def code_lines(text: str):
+    """(line number, line) of every line inside a fenced block of a MyST page: code cells, ```bash, ```python,
+    diagrams and sample outputs in plain fences, directives. A fence closes on a line of at least as many of its
+    marks and nothing after them."""
+    fence = None
+    for number, line in enumerate(text.splitlines(), 1):
+        m = FENCE.match(line)
+        if fence is None:
+            fence = m.group(1) if m else None
+        elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip():
+            fence = None
+        else:
+            yield number, line
+
+
+def test_code_in_the_docs_fits_the_page():
+    """No line inside a code block of docs/**/*.md is wider than the page (no build: the Markdown as written;
+    files included from outside docs/, such as benchmarks/RESULTS.md, are not the pages' own code)."""
+    sample = "text " + "x" * 99 + "\n```{code-cell} ipython3\nshort\n" + "y" * 89 + "\n```\n" + "z" * 99 + "\n"
+    assert list(code_lines(sample)) == [(3, "short"), (4, "y" * 89)]
+    docs = ROOT / "docs"
+    pages = sorted(p for p in docs.rglob("*.md") if "_build" not in p.relative_to(docs).parts)
+    assert len(pages) > 30, pages
+    wide = [f"{page.relative_to(ROOT)}:{number}: {len(line)} columns"
+            for page in pages for number, line in code_lines(page.read_text(encoding="utf-8"))
+            if len(line) > PAGE_WIDTH]
+    assert not wide, f"{len(wide)} code lines wider than {PAGE_WIDTH} columns:\n" + "\n".join(wide)
