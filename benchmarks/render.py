@@ -116,12 +116,15 @@ def topic_page(topic: str, records: list[R.Record]) -> str:
     return "\n".join(head + body).rstrip("\n") + "\n"
 
 
-def headline(records: list[R.Record], base: str = "") -> str:
+def headline(records: list[R.Record], base: str = "", compact: bool = False) -> str:
     """The README's headline rows as a Markdown table: one figure per cell, its target, met or missed, the CPU,
     the date and a link to its section. `base`: the path from where the table is shown to docs/results/ ("" on
-    the results pages, "docs/results/" in the README, "results/" on the docs' landing page). Only full and archive
-    records count: a quick run never becomes a headline figure."""
-    rows = ["| task | figure | value | target | met | CPU | date | details |", "|---|---|---:|---|---|---|---|---|"]
+    the results pages, "docs/results/" in the README, "results/" on the docs' landing page). `compact` (the
+    landing page, where it shares the first screen): the task links to its section, and the CPU and the date
+    are left to that section. Only full and archive records count: a quick run never becomes a headline
+    figure."""
+    rows = (["| task | figure | value | target | met |", "|---|---|---:|---|---|"] if compact else
+            ["| task | figure | value | target | met | CPU | date | details |", "|---|---|---:|---|---|---|---|---|"])
     for h in HEADLINE:
         found = [(r, f) for r in records if r.benchmark == h.benchmark and r.mode != "quick"
                  for f in r.figures if f.name == h.figure]
@@ -136,7 +139,9 @@ def headline(records: list[R.Record], base: str = "") -> str:
         for c in cells:
             if len(c) > HEADLINE_CELL:
                 raise ValueError(f"headline cell over {HEADLINE_CELL} characters: {c!r}")
-        rows.append("| " + " | ".join(cell(c) for c in cells) + " |")
+        if compact:
+            cells = [f"[{cell(h.task)}]({page})", *map(cell, cells[1:5])]
+        rows.append("| " + " | ".join(cells if compact else map(cell, cells)) + " |")
     return "\n".join(rows) + "\n"
 
 
@@ -151,8 +156,8 @@ def index_page(records: list[R.Record]) -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"README.md": "docs/results/", "docs/index.md": "results/"}  # the files quoting the headline rows, each
-# with its path to docs/results/; the rows stand between these two lines
+BLOCKS = {"README.md": ("docs/results/", False), "docs/index.md": ("results/", True)}  # the files quoting the
+# headline rows, each with its path to docs/results/ and whether compact; the rows stand between these two lines
 OPEN, CLOSE = "<!-- headline: written by `python -m benchmarks render` from benchmarks/records; do not edit by hand -->", \
     "<!-- /headline -->"
 
@@ -176,8 +181,8 @@ def quoted(text: str, table: str, where: str) -> str:
 
 def blocks(records: list[R.Record], root: Path = ROOT) -> dict[Path, str]:
     """The files that quote the headline rows (BLOCKS), as they should read."""
-    return {root / name: quoted((root / name).read_text("utf-8"), headline(records, base), name)
-            for name, base in BLOCKS.items()}
+    return {root / name: quoted((root / name).read_text("utf-8"), headline(records, base, compact), name)
+            for name, (base, compact) in BLOCKS.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

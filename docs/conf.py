@@ -49,7 +49,7 @@ napoleon_google_docstring = True
 # Notebooks: every build runs every tutorial from scratch ("force"); a cell that raises fails the build.
 nb_execution_mode = os.environ.get("TFORMER_DOCS_EXECUTE", "force")
 if nb_execution_mode == "off":  # a quick build of the prose: unexecuted cells have no kernel to name their language
-    suppress_warnings.append("myst-nb.lexer")
+    suppress_warnings += ["myst-nb.lexer", "mystnb.glue"]  # nor the landing page's figure, which a cell glues
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True

@@ -21,7 +21,7 @@ slow = pytest.mark.slow  # builds the site and trains its models: `pytest -m "no
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "docs"
 TUTORIALS = sorted(p.stem for p in (ROOT / "docs" / "tutorials").glob("[0-9]*.md"))
-EXECUTED = {"start/first-model", "reference/api", *(f"tutorials/{t}" for t in TUTORIALS)}
+EXECUTED = {"index", "start/first-model", "reference/api", *(f"tutorials/{t}" for t in TUTORIALS)}
 BUILD_BUDGET_S = 600  # the issue's budget for the docs part of CI on this machine
 
 
@@ -61,7 +61,8 @@ def test_every_notebook_page_executed(site):
     # the pages show what their cells printed and drew: outputs and figures are in the HTML
     for page in EXECUTED:
         html = (site / f"{page}.html").read_text(encoding="utf-8")
-        assert html.count('class="cell_output') >= 1, page
+        assert html.count('class="cell_output') >= 1 or (page == "index" and "<img" in html), page  # the landing
+        # page shows its cell's figure beside the example (glued), not below the cell
     figures = {p: (site / f"tutorials/{p}.html").read_text(encoding="utf-8").count("<img") for p in TUTORIALS}
     assert all(n >= 1 for n in figures.values()), figures
 
@@ -183,12 +184,19 @@ def served(site):
     server.shutdown()
 
 
+PHONE, DESKTOP = 390, 1280  # viewport widths: a phone's, a laptop's
+
+
 @slow
-@pytest.mark.parametrize("page, figures", [("tutorials/04-message-passing", 3), ("tutorials/05-universal", 2),
-                                           ("reference/api", 0)])
-def test_pages_in_a_real_browser(served, page, figures):
+@pytest.mark.parametrize("page, figures, width", [
+    ("index", 1, DESKTOP), ("index", 1, PHONE), ("tutorials/04-message-passing", 3, DESKTOP),
+    ("tutorials/04-message-passing", 3, PHONE), ("tutorials/05-universal", 2, DESKTOP),
+    ("tutorials/07-seeing-inside", 4, PHONE), ("reference/api", 0, DESKTOP)])
+def test_pages_in_a_real_browser(served, page, figures, width):
     """Chromium opens the page from the site (nothing else reachable: any request off the loopback server fails
-    the test), every image decodes, the page has its figures, and a screenshot is kept for people to look at."""
+    the test), every image decodes, the page has its figures, no code block scrolls sideways on a laptop, the
+    landing page shows its example, figure, headline table and cards on the first screen, and a screenshot at
+    each width is kept for people to look at."""
     from helpers.browser import BROWSER_ARGS, CHROMIUM, _browser
 
     sync_playwright = _browser()
@@ -196,7 +204,7 @@ def test_pages_in_a_real_browser(served, page, figures):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
-            tab = browser.new_page(viewport={"width": 1280, "height": 900})
+            tab = browser.new_page(viewport={"width": width, "height": 900 if width == DESKTOP else 844})
             tab.on("request", lambda r: requests.append(r.url))
             tab.on("pageerror", lambda e: errors.append(str(e)))
             response = tab.goto(f"{served}/{page}.html", wait_until="load")
@@ -212,12 +220,24 @@ def test_pages_in_a_real_browser(served, page, figures):
                 ids = set(tab.eval_on_selector_all("dt[id]", "xs => xs.map(x => x.id)"))
                 missing = [n for n in tformer.__all__[1:] if f"tformer.{n}" not in ids and not n.endswith("Config")]
                 assert not missing, missing
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            shot = ARTIFACTS / f"{page.replace('/', '_')}.png"
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)  # the screenshots first: people look at them when a
+            shot = ARTIFACTS / f"{page.replace('/', '_')}_{width}.png"  # check below fails
             tab.screenshot(path=str(shot), full_page=False)  # the top of the page
             if images:  # and its first figure, as a reader scrolling to it sees it
                 tab.locator("article img").first.scroll_into_view_if_needed()
                 tab.screenshot(path=str(shot.with_name(f"{shot.stem}_figure.png")), full_page=False)
+                tab.evaluate("window.scrollTo(0, 0)")
+            if width == DESKTOP:  # code fits its column: no code (what a cell or a block shows as written, not
+                # what a cell printed) is wider than the space it is shown in
+                wide = tab.eval_on_selector_all("article pre", "xs => xs.filter(x => !x.closest('.cell_output') && "
+                                                "x.scrollWidth > x.clientWidth + 1).map(x => x.textContent.slice(0, "
+                                                "60))")
+                assert not wide, wide
+            if page == "index" and width == DESKTOP:  # the first screen: example, figure, headline table, cards
+                tops = {what: tab.eval_on_selector(selector, "x => x.getBoundingClientRect().top") for what, selector
+                        in (("example", "article pre"), ("figure", "article img"), ("table", "article table"),
+                            ("cards", "article .sd-card"))}
+                assert all(top < 900 for top in tops.values()), tops
         finally:
             browser.close()
     assert not errors, errors
