@@ -150,7 +150,11 @@ def index_page(records: list[R.Record]) -> str:
              "What tformer measures, by topic: each page gives, per benchmark, the current figures per CPU kind "
              "and the history below. The pages are rendered from `benchmarks/records/` by "
              "`python -m benchmarks render`; [the archive](" + ARCHIVE + ") (benchmarks/RESULTS.md) keeps "
-             "every section measured before the records.", "", "## Headline figures", "",
+             "every section measured before the records.", "",
+             "The tracked benchmarks run as one suite: `python -m benchmarks list` names them, `python -m "
+             "benchmarks run NAME --quick` (minutes; `--full` for the archive's settings) measures one and compares "
+             "it with the last record of the same CPU kind, and `--record` keeps the run as a record.", "",
+             "## Headline figures", "",
              "```{include} headline.md", "```", "",
              "```{toctree}", ":maxdepth: 1", "", *TOPIC_TITLES, "```", ""]
     return "\n".join(lines)
