@@ -47,35 +47,12 @@ def test_token_ids_equal_the_m2m100_tokenizer(folder):
 
 
 def test_teacher_forced_logits_and_scores_equal_hugging_face(folder):
+    from helpers.hf_nllb_mbart_models import check_teacher_forced
+
     t = tformer.load(folder, device="cpu")
     hf, tok = hf_pair(folder)
     tok.src_lang, tok.tgt_lang = "en", "fr"
-    batch = tok(SOURCES["en"], text_target=TARGETS["fr"], return_tensors="pt", padding=True)
-    labels = batch["labels"]  # __fr__ y1 .. </s>, padded with 1
-    dec_in = torch.cat([torch.full((len(labels), 1), 2), labels[:, :-1]], 1)
-    dec_mask = (dec_in != 1).long()
-    with torch.no_grad():
-        ref = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, decoder_input_ids=dec_in,
-                 decoder_attention_mask=dec_mask).logits  # (B, T, V)
-        ours = {m: i for i, m in enumerate(t.source_tokenizer.original)}  # 2 -> </s>; the start is tformer's <s>
-        src = torch.tensor([[ours[m] for m in row] for row in batch.input_ids.tolist()])
-        tgt = torch.tensor([[1] + [ours[m] for m in row[1:]] for row in dec_in.tolist()])
-        src[batch.attention_mask == 0] = 0
-        tgt[dec_mask == 0] = 0
-        out = t.model(src, batch.attention_mask.sum(1), tgt, dec_mask.sum(1))
-        logits = t.model.generator(out.padded())  # (B, T, V + 1)
-    mine = torch.full_like(ref, float("nan"))
-    mine[..., original(t, [i for i in range(logits.shape[-1]) if i != 1])] = logits[..., [i for i in range(
-        logits.shape[-1]) if i != 1]]
-    real = dec_mask.bool()
-    assert not mine.isnan().any()
-    assert ((mine - ref).abs() / ref.abs().clamp(min=1))[real].max() <= 1e-5
-    assert (logits.log_softmax(-1)[..., 1][real].exp() == 0).all()  # the start's copy takes no probability
-    scored = t.score(SOURCES["en"], TARGETS["fr"], source="en", target="fr")
-    lp = ref.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0]  # (B, T)
-    for got, row, mask in zip(scored, lp, labels != 1):
-        want = float(row[mask].sum())  # __fr__ and </s> included, as Hugging Face's labels hold them
-        assert abs(got.log_prob - want) <= 1e-5 * max(1.0, abs(want))
+    check_teacher_forced(t, hf, tok, SOURCES["en"], TARGETS["fr"], "en", "fr")
 
 
 @pytest.mark.parametrize("source, target", [("en", "fr"), ("de", "en"), ("en", "de")])

@@ -127,3 +127,35 @@ def check_outputs(t, hf, tok, source: str, target: str, texts: list[str], n: int
             if want is not None:
                 assert abs(ours.hypotheses[0].score - want) <= 1e-5 * max(1.0, abs(want))
     return lengths
+
+
+def check_teacher_forced(t, hf, tok, sources: list[str], targets: list[str], source: str, target: str) -> None:
+    """tformer's teacher-forced logits (its start row left out) equal the folder's model's on a padded batch,
+    relative difference <= 1e-5; the start's copy takes no probability; and `score` equals the log-probability
+    of Hugging Face's labels (the target's token and </s> included, as its labels hold them)."""
+    batch = tok(sources, text_target=targets, return_tensors="pt", padding=True)
+    labels = batch["labels"]  # the target's token, y1 .. </s>, padded with 1
+    dec_in = torch.cat([torch.full((len(labels), 1), 2), labels[:, :-1]], 1)
+    dec_mask = (dec_in != 1).long()
+    with torch.no_grad():
+        ref = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, decoder_input_ids=dec_in,
+                 decoder_attention_mask=dec_mask).logits  # (B, T, V)
+        ours = {m: i for i, m in enumerate(t.source_tokenizer.original)}  # 2 -> </s>; the start is tformer's <s>
+        src = torch.tensor([[ours[m] for m in row] for row in batch.input_ids.tolist()])
+        tgt = torch.tensor([[1] + [ours[m] for m in row[1:]] for row in dec_in.tolist()])
+        src[batch.attention_mask == 0] = 0
+        tgt[dec_mask == 0] = 0
+        out = t.model(src, batch.attention_mask.sum(1), tgt, dec_mask.sum(1))
+        logits = t.model.generator(out.padded())  # (B, T, V + 1)
+    keep = [i for i in range(logits.shape[-1]) if i != 1]
+    mine = torch.full_like(ref, float("nan"))
+    mine[..., original(t, keep)] = logits[..., keep]
+    real = dec_mask.bool()
+    assert not mine.isnan().any()
+    assert ((mine - ref).abs() / ref.abs().clamp(min=1))[real].max() <= 1e-5
+    assert (logits.log_softmax(-1)[..., 1][real].exp() == 0).all()  # the start's copy takes no probability
+    scored = t.score(sources, targets, source=source, target=target)
+    lp = ref.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0]  # (B, T)
+    for got, row, mask in zip(scored, lp, labels != 1):
+        want = float(row[mask].sum())
+        assert abs(got.log_prob - want) <= 1e-5 * max(1.0, abs(want))
