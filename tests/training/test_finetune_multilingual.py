@@ -5,7 +5,6 @@ exported folder decodes exactly as tformer does, judged by transformers' generat
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
@@ -13,24 +12,13 @@ import torch
 
 pytest.importorskip("transformers")
 import tformer  # noqa: E402
+from helpers.corpora import small_multi30k  # noqa: E402
 from helpers.hf_m2m100_models import make_folder as make_m2m100  # noqa: E402
 from helpers.hf_nllb_mbart_models import CODES, TEXTS, check_outputs, hf_pair  # noqa: E402
 from helpers.hf_nllb_mbart_models import make_folder as make_other  # noqa: E402
 from tformer.errors import DataError  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def corpus(shared, out, codes: dict[str, str], n_train: int = 300, n_eval: int = 12):
-    """Multi30k's first lines, en and fr, in files named by the model's language codes (train.en_XX.gz)."""
-    out.mkdir(parents=True)
-    for split, n in (("train", n_train), ("val", n_eval)):
-        for lang in ("en", "fr"):
-            with gzip.open(shared / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            with gzip.open(out / f"{split}.{codes[lang]}.gz", "wt", encoding="utf-8") as f:
-                f.writelines(lines)
-    return out
 
 
 @pytest.mark.parametrize("family", ["m2m100", "mbart50"])
@@ -42,7 +30,7 @@ def test_a_fine_tuned_multilingual_import_exports_back_and_decodes_alike(tmp_pat
     folder = (make_m2m100(tmp_path / "m2m") if family == "m2m100" else
               make_other(tmp_path / "mbart", "mbart50"))
     codes = {"en": "en", "fr": "fr"} if family == "m2m100" else CODES["mbart50"]
-    data = corpus(shared_data, tmp_path / "corpus", codes)
+    data = small_multi30k(shared_data, tmp_path / "corpus", 300, 12, names=codes)
     run = tmp_path / "run"
     tformer.train("finetune", run, overrides=[
         f"train.init_from={folder}", f"data.dir={data}", f"data.pairs=[{codes['en']}-{codes['fr']}]",
@@ -78,7 +66,7 @@ def test_a_fine_tuned_multilingual_import_exports_back_and_decodes_alike(tmp_pat
 
 
 def test_tags_on_both_sides_need_a_tokenizer_that_leaves_them_out_of_the_text(tmp_path, shared_data):
-    data = corpus(shared_data, tmp_path / "corpus", {"en": "en", "fr": "fr"}, n_train=200)
+    data = small_multi30k(shared_data, tmp_path / "corpus", 200, 12, names={"en": "en", "fr": "fr"})
     with pytest.raises(DataError, match="tags on both sides are for models imported with them"):
         tformer.train("multi30k_multi", tmp_path / "run", overrides=[
             f"data.dir={data}", "data.pairs=[en-fr]", "data.tag_sides=both", "data.valid_prefix=val",
