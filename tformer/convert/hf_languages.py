@@ -49,6 +49,7 @@ class Table(NamedTuple):
     tag: str  # data.language_tag
     controls: list[str]  # entries decoding leaves out of the text (the language tokens, <mask>)
     spm: Path  # the SentencePiece model
+    settings: dict  # tokenizer_config.json (src_lang, tgt_lang, ...)
 
 
 def family_of(tok_cfg: dict, folder: Path) -> str:
@@ -92,7 +93,7 @@ def read_table(folder: Path, size: int) -> Table:
                               f"{size}; the vocabulary does not match the weights{hint}")
     names += [f"<unused{i}>" for i in range(len(names), size)]
     vocab, rows = arrange(names, where)
-    return Table(family, vocab, rows, codes, TAGS[family], controls, spm)
+    return Table(family, vocab, rows, codes, TAGS[family], controls, spm, tok_cfg)
 
 
 def arrange(names: list[str], file: Path) -> tuple[Vocab, list[int]]:

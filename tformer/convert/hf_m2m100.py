@@ -131,7 +131,7 @@ def read_hf_m2m100(folder: str | Path, overrides: list[str] = ()) -> ImportedChe
     except DataError as e:
         raise CheckpointError(str(e)) from None
     tensors = to_tformer(read_weights(folder), model, table.rows, folder)
-    tok_cfg = _json(folder / "tokenizer_config.json", "tokenizer_config.json")
+    tok_cfg = table.settings
     data = DataConfig(task="translation", dir=str(folder.resolve()), languages=tuple(table.codes),
                       language_tag=table.tag, tag_sides="both",
                       src_lang=str(tok_cfg.get("src_lang") or table.codes[0]),
